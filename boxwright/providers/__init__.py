@@ -1,0 +1,14 @@
+"""Sandbox providers. Each is one module implementing ``SandboxProvider``; optional ones
+(docker, e2b, ...) import their SDK only inside their own module."""
+
+from __future__ import annotations
+
+from .bubblewrap import BubblewrapProvider, bubblewrap_sandbox
+from .local_process import LocalProcessProvider, local_process_sandbox
+
+__all__ = [
+    "BubblewrapProvider",
+    "LocalProcessProvider",
+    "bubblewrap_sandbox",
+    "local_process_sandbox",
+]

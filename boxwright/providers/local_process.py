@@ -1,0 +1,191 @@
+"""Local process: commands run as children of this process, in a directory. No isolation.
+
+For trusted or dev work only. The harness inherits the host env (with whatever
+API keys are exported there); ``scrub_env`` deletes keys so a host CLI login
+wins over them. No snapshots, and no resume but of a directory that still exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+
+from ..errors import SandboxNotFoundError, SandboxPathError, UnsupportedCapabilityError
+from ..git_exec import ExecGit
+from ..sandbox import (
+    Capabilities,
+    CreateInput,
+    DestroyInput,
+    ResumeInput,
+    SnapshotRef,
+)
+from ._hostfs import HostFs, PathMap
+from ._posix import (
+    HandleEnv,
+    HostProcesses,
+    LocalPorts,
+    Logger,
+    StdlibLogger,
+    merged_env,
+    remove_tree_with_retry,
+)
+
+NAME = "local-process"
+
+CAPABILITIES = Capabilities(
+    fs=True,
+    exec=True,
+    env=True,
+    ports=True,
+    background_processes=True,
+    writable_stdin=True,
+    # Measured by the conformance kill cases: the process group dies, backgrounded children too.
+    killable_processes=True,
+    snapshots=False,
+    network_policy=False,
+    durable_filesystem=True,
+    fork=True,
+)
+
+
+def default_base_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), "boxwright-sandboxes")
+
+
+class LocalProcessHandle:
+    provider = NAME
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        owned: bool,
+        base_dir: str,
+        scrub_env: Sequence[str],
+        logger: Logger | None,
+        env: Mapping[str, str] | None = None,
+        is_fork: bool = False,
+    ) -> None:
+        self.id = root
+        self.workspace_root = root
+        self._owned = owned
+        self._base_dir = base_dir
+        self._scrub = tuple(scrub_env)
+        self._logger = logger
+        self._is_fork = is_fork
+        self._paths = PathMap([("/workspace", root)], fallback=root)
+        self.env = HandleEnv(env)
+        self.fs = HostFs(self._paths)
+        self.process = HostProcesses(self._launch, logger)
+        self.git = ExecGit(self.process)
+        self.ports = LocalPorts()
+        self._destroyed = False
+
+    def _launch(
+        self, command: str, cwd: str | None, env: Mapping[str, str] | None
+    ) -> tuple[list[str], str, dict[str, str]]:
+        if not os.path.isdir(self.workspace_root):
+            raise SandboxNotFoundError(NAME, self.id, "has no workspace root any more (the directory is gone)")
+        host_cwd = self._paths.host(cwd) if cwd else self.workspace_root
+        if not os.path.isdir(host_cwd):
+            raise SandboxPathError(cwd or host_cwd, self.workspace_root, "is not a directory inside")
+        return ["sh", "-c", command], host_cwd, merged_env(os.environ, self.env.get(), env, self._scrub)
+
+    async def snapshot(self, label: str | None = None) -> SnapshotRef:
+        raise UnsupportedCapabilityError(NAME, "snapshot", "local-process keeps no snapshots; each run bootstraps")
+
+    async def fork(self) -> LocalProcessHandle:
+        if self._is_fork:
+            raise UnsupportedCapabilityError(NAME, "fork", "a fork cannot be forked again")
+        target = os.path.join(self._base_dir, f"fork-{uuid.uuid4().hex}")
+        await asyncio.to_thread(shutil.copytree, self.workspace_root, target, symlinks=True)
+        return LocalProcessHandle(
+            target,
+            owned=True,
+            base_dir=self._base_dir,
+            scrub_env=self._scrub,
+            logger=self._logger,
+            env=self.env.get(),
+            is_fork=True,
+        )
+
+    async def destroy(self) -> None:
+        # Kill first even when the directory is kept: a destroyed sandbox runs nothing.
+        await self.process.kill_all()
+        if self._owned and not self._destroyed:
+            await asyncio.to_thread(remove_tree_with_retry, self.workspace_root, self._logger)
+        self._destroyed = True
+
+
+class LocalProcessProvider:
+    name = NAME
+    restore_snapshot = None
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str] | None = None,
+        *,
+        base_dir: str | os.PathLike[str] | None = None,
+        remove_on_destroy: bool | None = None,
+        scrub_env: Sequence[str] = (),
+        logger: Logger | None = None,
+    ) -> None:
+        self._dir = os.path.abspath(dir) if dir is not None else None
+        self._base_dir = os.path.abspath(base_dir) if base_dir is not None else default_base_dir()
+        # A generated directory is ours to remove; a directory the user named is not, unless told.
+        self._remove = remove_on_destroy if remove_on_destroy is not None else dir is None
+        self._scrub = tuple(scrub_env)
+        self._logger = logger if logger is not None else StdlibLogger("boxwright.providers.local_process")
+
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES
+
+    def _handle(self, root: str, env: Mapping[str, str] | None = None) -> LocalProcessHandle:
+        return LocalProcessHandle(
+            root, owned=self._remove, base_dir=self._base_dir, scrub_env=self._scrub, logger=self._logger, env=env
+        )
+
+    async def create(self, input: CreateInput | None = None) -> LocalProcessHandle:
+        input = input or CreateInput()
+        if input.signal is not None:
+            input.signal.throw_if_aborted()
+        if input.network is not None and input.network.mode == "deny":
+            raise UnsupportedCapabilityError(
+                NAME, "network_policy", "local-process cannot deny network; use bubblewrap_sandbox(network='deny')"
+            )
+        root = self._dir or os.path.join(self._base_dir, uuid.uuid4().hex)
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise SandboxPathError(root, root, "is a file, not a directory; it cannot be the workspace root")
+        os.makedirs(root, exist_ok=True)
+        return self._handle(os.path.realpath(root), input.env)
+
+    async def resume(self, input: ResumeInput) -> LocalProcessHandle | None:
+        return self._handle(input.id) if os.path.isdir(input.id) else None
+
+    async def destroy(self, input: DestroyInput) -> None:
+        # No handle, so nothing of ours to kill here: only the directory, and only one we own.
+        if self._remove and (input.id == self._dir or _within(input.id, self._base_dir)):
+            await asyncio.to_thread(remove_tree_with_retry, input.id, self._logger)
+
+
+def _within(path: str, root: str) -> bool:
+    return os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
+
+
+def local_process_sandbox(
+    dir: str | os.PathLike[str] | None = None,
+    scrub_env: Sequence[str] = (),
+    logger: Logger | None = None,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    remove_on_destroy: bool | None = None,
+) -> LocalProcessProvider:
+    """A provider that runs commands on this host in ``dir`` (or a fresh directory per sandbox)."""
+    return LocalProcessProvider(
+        dir, base_dir=base_dir, remove_on_destroy=remove_on_destroy, scrub_env=scrub_env, logger=logger
+    )
