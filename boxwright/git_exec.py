@@ -7,7 +7,7 @@ them from the child's env. A non-zero exit raises; a git failure is never ignore
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from .errors import SandboxCommandError
@@ -39,8 +39,11 @@ def _git(auth: Mapping[str, str] | None) -> str:
 class ExecGit:
     """``SandboxGit`` implemented with shell commands run through ``process.exec``."""
 
-    def __init__(self, process: SandboxProcesses) -> None:
+    def __init__(self, process: SandboxProcesses, shell_path: Callable[[str], str] | None = None) -> None:
         self._process = process
+        # How a sandbox path reads in the shell: local-process runs on the host, where
+        # /workspace is not the workspace.
+        self._shell_path = shell_path or (lambda path: path)
 
     async def _run(self, op: str, command: str, auth: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
         result = await self._process.exec(command, ProcessOptions(cwd=cwd, env=_auth_env(auth)))
@@ -63,6 +66,7 @@ class ExecGit:
             raise ValueError(f"git clone depth must be a positive int or 'full', got {depth!r}")
         if ref is not None:
             positional(ref, "git ref")
+        dir = self._shell_path(dir)
         git = _git(auth)
         shallow = "" if depth == "full" else f" --depth {depth}"
         parent = quote(dir.rstrip("/").rsplit("/", 1)[0] or "/") if "/" in dir.rstrip("/") else "."

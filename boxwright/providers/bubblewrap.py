@@ -208,9 +208,11 @@ class BubblewrapHandle:
         if self._meta.network == "deny":
             argv.append("--unshare-net")
         argv += _root_args()
+        argv += ["--bind", self.workspace_root, "/workspace", "--bind", self._tmp, "/tmp"]
+        # After /tmp, so a host path under /tmp can still be shown to the sandbox.
         for path in self._ro_binds:
             argv += ["--ro-bind", path, path]
-        argv += ["--bind", self.workspace_root, "/workspace", "--bind", self._tmp, "/tmp", "--chdir", inside]
+        argv += ["--chdir", inside]
         argv += ["--", "sh", "-c", command]
         # The env goes to bwrap itself, which passes it on: never on argv, where `ps` shows it.
         return argv, self._state, {**BASE_ENV, **self.env.get(), **(env or {})}

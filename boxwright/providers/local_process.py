@@ -82,7 +82,7 @@ class LocalProcessHandle:
         self.env = HandleEnv(env)
         self.fs = HostFs(self._paths)
         self.process = HostProcesses(self._launch, logger)
-        self.git = ExecGit(self.process)
+        self.git = ExecGit(self.process, shell_path=self._paths.host)
         self.ports = LocalPorts()
         self._destroyed = False
 

@@ -1,0 +1,35 @@
+# The two commands of README.md: `make demo` (the main job) and `make test` (everything CI runs).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job on the embedded default (local-process provider). Until `boxwright run`
+# lands it reports what this machine can run.
+demo: $(STAMP)
+	$(BIN)/boxwright doctor
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check boxwright
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python bench/exec_overhead.py
+	$(BIN)/python bench/event_codec.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache
