@@ -91,3 +91,79 @@ class AbortError(BoxwrightError):
     def __init__(self, reason: object = None) -> None:
         self.reason = reason
         super().__init__(f"aborted: {reason}" if reason is not None else "aborted")
+
+
+class SecretResolutionError(BoxwrightError, LookupError):
+    """A secret reference could not be resolved. The message names the secret, never a value."""
+
+    def __init__(self, message: str, secret_name: str | None = None) -> None:
+        self.secret_name = secret_name
+        super().__init__(message)
+
+
+class InvalidPolicyError(BoxwrightError, ValueError):
+    """A sandbox policy or auth mode was given a value outside its allowed set."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"{field} must be {allowed}, got {value!r}")
+
+
+class LeaseLostError(BoxwrightError):
+    """A lock's lease was lost while its holder still ran (renewal failed, or another holder took it over)."""
+
+    def __init__(self, key: str, reason: str | None = None) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"lease on lock {key!r} was lost" + (f": {reason}" if reason else ""))
+
+
+class StoreClosedError(BoxwrightError, RuntimeError):
+    """A store's database was used after it was closed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"database {path!r} is closed")
+
+
+class WorkspaceSourceError(BoxwrightError):
+    """The workspace source could not be landed (clone failed, local directory missing)."""
+
+    def __init__(self, source: str, detail: str, *, ref: str | None = None, dir: str | None = None) -> None:
+        self.source = source
+        self.ref = ref
+        self.dir = dir
+        where = f" at ref {ref!r}" if ref is not None else ""
+        into = f" into {dir}" if dir is not None else ""
+        super().__init__(f"could not land workspace source {source}{where}{into}: {detail}")
+
+
+class GitSkillError(BoxwrightError):
+    """A git skill repository could not be cloned."""
+
+    def __init__(self, repo: str, url: str, dir: str, detail: str) -> None:
+        self.repo = repo
+        self.url = url
+        self.dir = dir
+        super().__init__(f"could not clone git skill {repo!r} from {url} into {dir}: {detail}")
+
+
+class SetupStepError(BoxwrightError):
+    """A workspace setup step exited non-zero; ``output`` is the tail of what it printed."""
+
+    def __init__(self, command: str, exit_code: int, output: str = "") -> None:
+        self.command = command
+        self.exit_code = exit_code
+        self.output = output
+        super().__init__(f"setup step failed: {command} (exit {exit_code})" + (f"\n{output}" if output else ""))
+
+
+class BootstrapShellError(BoxwrightError):
+    """The setup shell died, closed its output or stayed silent past the step deadline."""
+
+    def __init__(self, command: str, reason: str, output: str = "") -> None:
+        self.command = command
+        self.reason = reason
+        self.output = output
+        super().__init__(f"setup shell failed running {command!r}: {reason}" + (f"\n{output}" if output else ""))
