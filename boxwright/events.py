@@ -197,12 +197,17 @@ class RunFinishedEvent(_Event, tag="RUN_FINISHED", kw_only=True):
     result: Any = None
     outcome: RunFinishedOutcome | None = None
     usage: list[TokenUsage] | None = None
+    # Extras (protocol 1.0 allows them) that TanStack clients read.
+    finish_reason: Literal["stop", "length", "content_filter"] | None = None
 
 
 class RunErrorEvent(_Event, tag="RUN_ERROR", kw_only=True):
     message: str
     code: str | None = None
     usage: list[TokenUsage] | None = None
+    # Extras: the run and thread it ends, as RUN_FINISHED names them.
+    thread_id: str | None = None
+    run_id: str | None = None
 
 
 class TextMessageStartEvent(_AttributableEvent, tag="TEXT_MESSAGE_START", kw_only=True):
@@ -224,6 +229,8 @@ class ToolCallStartEvent(_AttributableEvent, tag="TOOL_CALL_START", kw_only=True
     tool_call_id: str
     tool_call_name: str
     parent_message_id: str | None = None
+    # Extra: the tool's own name where the call name carries a server prefix.
+    tool_name: str | None = None
 
 
 class ToolCallArgsEvent(_AttributableEvent, tag="TOOL_CALL_ARGS", kw_only=True):
@@ -233,6 +240,8 @@ class ToolCallArgsEvent(_AttributableEvent, tag="TOOL_CALL_ARGS", kw_only=True):
 
 class ToolCallEndEvent(_AttributableEvent, tag="TOOL_CALL_END", kw_only=True):
     tool_call_id: str
+    # Extra: the whole parsed input, so a reader need not join the ARGS deltas.
+    input: Any = None
 
 
 class ToolCallResultEvent(_AttributableEvent, tag="TOOL_CALL_RESULT", kw_only=True):
@@ -240,6 +249,8 @@ class ToolCallResultEvent(_AttributableEvent, tag="TOOL_CALL_RESULT", kw_only=Tr
     tool_call_id: str
     content: str | list[ContentPart]
     role: Literal["tool"] | None = None
+    # Extra: "output-error" when the tool failed.
+    state: Literal["output-available", "output-error"] | None = None
 
 
 class ReasoningStartEvent(_AttributableEvent, tag="REASONING_START", kw_only=True):
@@ -334,6 +345,15 @@ Event: TypeAlias = (
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
+
+# Wire names of the fields we add beyond ag_ui.core's models (protocol 1.0 keeps unknown fields as extras).
+EXTRA_FIELDS: dict[type[msgspec.Struct], frozenset[str]] = {
+    RunFinishedEvent: frozenset({"finishReason"}),
+    RunErrorEvent: frozenset({"threadId", "runId"}),
+    ToolCallStartEvent: frozenset({"toolName"}),
+    ToolCallEndEvent: frozenset({"input"}),
+    ToolCallResultEvent: frozenset({"state"}),
+}
 EVENT_TYPE_BY_NAME: dict[str, type[Event]] = {str(t.__struct_config__.tag): t for t in EVENT_TYPES}
 
 _encoder = msgspec.json.Encoder()

@@ -87,6 +87,7 @@ SAMPLES: list[ev.Event] = [
         result={"answer": 42},
         outcome=ev.RunFinishedSuccessOutcome(pending_tool_call_ids=["tc-1"]),
         usage=USAGE,
+        finish_reason="stop",
     ),
     ev.RunFinishedEvent(
         **COMMON,
@@ -95,19 +96,36 @@ SAMPLES: list[ev.Event] = [
         result="paused",
         outcome=ev.RunFinishedInterruptOutcome(interrupts=[INTERRUPT]),
         usage=USAGE,
+        finish_reason="length",
     ),
     ev.RunFinishedEvent(
-        **COMMON, thread_id="t1", run_id="r7", result=0, outcome=ev.RunFinishedCancelledOutcome(), usage=[]
+        **COMMON,
+        thread_id="t1",
+        run_id="r7",
+        result=0,
+        outcome=ev.RunFinishedCancelledOutcome(),
+        usage=[],
+        finish_reason="content_filter",
     ),
-    ev.RunErrorEvent(**COMMON, message="boom", code="E_AGENT", usage=USAGE),
+    ev.RunErrorEvent(**COMMON, message="boom", code="E_AGENT", usage=USAGE, thread_id="t1", run_id="r7"),
     ev.TextMessageStartEvent(**SUB, message_id="m1", role="assistant", name="claude"),
     ev.TextMessageContentEvent(**SUB, message_id="m1", delta="Hello ✓ \u2028 world"),
     ev.TextMessageEndEvent(**SUB, message_id="m1"),
-    ev.ToolCallStartEvent(**SUB, tool_call_id="tc-1", tool_call_name="get_fact", parent_message_id="m1"),
+    ev.ToolCallStartEvent(
+        **SUB,
+        tool_call_id="tc-1",
+        tool_call_name="mcp__boxwright__get_fact",
+        parent_message_id="m1",
+        tool_name="get_fact",
+    ),
     ev.ToolCallArgsEvent(**SUB, tool_call_id="tc-1", delta='{"topic":"x"}'),
-    ev.ToolCallEndEvent(**SUB, tool_call_id="tc-1"),
-    ev.ToolCallResultEvent(**SUB, message_id="m2", tool_call_id="tc-1", content="42", role="tool"),
-    ev.ToolCallResultEvent(**SUB, message_id="m3", tool_call_id="tc-2", content=PARTS, role="tool"),
+    ev.ToolCallEndEvent(**SUB, tool_call_id="tc-1", input={"topic": "x"}),
+    ev.ToolCallResultEvent(
+        **SUB, message_id="m2", tool_call_id="tc-1", content="42", role="tool", state="output-available"
+    ),
+    ev.ToolCallResultEvent(
+        **SUB, message_id="m3", tool_call_id="tc-2", content=PARTS, role="tool", state="output-error"
+    ),
     ev.ReasoningStartEvent(**SUB, message_id="r1"),
     ev.ReasoningMessageStartEvent(**SUB, message_id="r1", role="reasoning"),
     ev.ReasoningMessageContentEvent(**SUB, message_id="r1", delta="thinking"),
@@ -174,8 +192,10 @@ def test_fields_and_their_optionality_mirror_the_official_model(ours: type[msgsp
     official: type[BaseModel] = getattr(agui_models, ours.__name__)
     tag_field = ours.__struct_config__.tag_field
     theirs = {f.alias or name: f.is_required() for name, f in official.model_fields.items() if name != tag_field}
-    mine = {f.encode_name: f.required for f in msgspec.structs.fields(ours)}
+    extras = ev.EXTRA_FIELDS.get(ours, frozenset())
+    mine = {f.encode_name: f.required for f in msgspec.structs.fields(ours) if f.encode_name not in extras}
     assert mine == theirs
+    assert all(not f.required for f in msgspec.structs.fields(ours) if f.encode_name in extras)
     if tag_field is not None:
         assert official.model_fields[tag_field].default == ours.__struct_config__.tag
 
@@ -192,7 +212,8 @@ def test_our_encoding_validates_with_the_official_package(sample: ev.Event) -> N
     official = OFFICIAL_EVENT.validate_json(wire)
     assert type(official).__name__ == type(sample).__name__
     assert official.type.value == sample.type
-    assert _extra_fields(official) == []
+    declared = {f"$.{key}" for key in ev.EXTRA_FIELDS.get(type(sample), ())}
+    assert set(_extra_fields(official)) <= declared
     ours_as_json = msgspec.json.decode(wire)
     assert official.model_dump(mode="json", by_alias=True) == ours_as_json
 
