@@ -145,9 +145,14 @@ class LocalProcessProvider:
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    def _handle(self, root: str, env: Mapping[str, str] | None = None) -> LocalProcessHandle:
+    def _handle(self, root: str, env: Mapping[str, str] | None = None, owned: bool | None = None) -> LocalProcessHandle:
         return LocalProcessHandle(
-            root, owned=self._remove, base_dir=self._base_dir, scrub_env=self._scrub, logger=self._logger, env=env
+            root,
+            owned=self._remove if owned is None else owned,
+            base_dir=self._base_dir,
+            scrub_env=self._scrub,
+            logger=self._logger,
+            env=env,
         )
 
     async def create(self, input: CreateInput | None = None) -> LocalProcessHandle:
@@ -164,13 +169,25 @@ class LocalProcessProvider:
         os.makedirs(root, exist_ok=True)
         return self._handle(os.path.realpath(root), input.env)
 
+    def _is_own(self, path: str) -> bool:
+        """The fixed ``dir``, or a directory under ``base_dir``: what this provider creates."""
+        return (self._dir is not None and _same(path, self._dir)) or _within(path, self._base_dir)
+
     async def resume(self, input: ResumeInput) -> LocalProcessHandle | None:
-        return self._handle(input.id) if os.path.isdir(input.id) else None
+        if not os.path.isdir(input.id):
+            return None
+        # Only a directory this provider would remove itself is owned: destroying a resumed
+        # foreign directory (any existing path resumes) must not delete the user's files.
+        return self._handle(input.id, owned=self._remove and self._is_own(input.id))
 
     async def destroy(self, input: DestroyInput) -> None:
         # No handle, so nothing of ours to kill here: only the directory, and only one we own.
-        if self._remove and (input.id == self._dir or _within(input.id, self._base_dir)):
+        if self._remove and self._is_own(input.id):
             await asyncio.to_thread(remove_tree_with_retry, input.id, self._logger)
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _within(path: str, root: str) -> bool:
