@@ -1,0 +1,1 @@
+"""Harness adapters: one module per agent CLI, each implementing ``Harness`` from ``base``."""
