@@ -167,3 +167,124 @@ class BootstrapShellError(BoxwrightError):
         self.reason = reason
         self.output = output
         super().__init__(f"setup shell failed running {command!r}: {reason}" + (f"\n{output}" if output else ""))
+
+
+class ToolDefinitionError(BoxwrightError, ValueError):
+    """A tool could not be declared: bad name, unsupported signature, or no JSON Schema for its types."""
+
+    def __init__(self, tool_name: str, reason: str) -> None:
+        self.tool_name = tool_name
+        self.reason = reason
+        super().__init__(f"cannot declare tool {tool_name!r}: {reason}")
+
+
+class ToolArgumentsError(BoxwrightError, ValueError):
+    """A tool call's arguments do not match the tool's input schema; ``detail`` names the bad field."""
+
+    def __init__(self, tool_name: str, detail: str) -> None:
+        self.tool_name = tool_name
+        self.detail = detail
+        super().__init__(f"Invalid arguments for tool {tool_name!r}: {detail}")
+
+
+class UnknownToolError(BoxwrightError, LookupError):
+    """A tool was called by a name the bridge does not serve."""
+
+    def __init__(self, tool_name: str) -> None:
+        self.tool_name = tool_name
+        super().__init__(f"Unknown tool: {tool_name}")
+
+
+class RemoteToolError(BoxwrightError):
+    """The host's tool-exec endpoint refused or failed a call; ``status`` is its HTTP status (0: no answer)."""
+
+    def __init__(self, tool_name: str, status: int, detail: str) -> None:
+        self.tool_name = tool_name
+        self.status = status
+        self.detail = detail
+        super().__init__(f'remote tool "{tool_name}" failed: {status} {detail}'.rstrip())
+
+
+class ToolBridgeConfigError(BoxwrightError, ValueError):
+    """The tool bridge was configured in a way it cannot serve (duplicate run, unusable token, no URL)."""
+
+
+class InvalidRunIdError(BoxwrightError, ValueError):
+    """A run id cannot name a journal: empty, or not valid UTF-8 text (a lone surrogate)."""
+
+    def __init__(self, run_id: object, reason: str) -> None:
+        self.run_id = run_id
+        shown = repr(run_id) if len(repr(run_id)) <= 80 else repr(run_id)[:77] + "..."
+        super().__init__(f"run id {shown} {reason}")
+
+
+class JournalAttachUnavailableError(BoxwrightError):
+    """A journal cannot be attached to or read, and waiting longer would not change that.
+
+    ``reason`` is ``unknown-run``, ``terminal-run``, ``journal-timeout`` (nobody created the
+    journal in time) or ``journal-stalled`` (it exists but gave no byte in time); ``target``
+    is the run id, or the journal path when no run id was given.
+    """
+
+    def __init__(self, target: str, reason: str, detail: str = "") -> None:
+        self.target = target
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"cannot attach to run {target} ({reason})" + (f": {detail}" if detail else ""))
+
+
+class JournalTruncatedError(BoxwrightError):
+    """A journal read ended before the run's exit sentinel, and nobody asked it to stop."""
+
+    def __init__(self, target: str, detail: str = "") -> None:
+        self.target = target
+        super().__init__(
+            f"the journal of run {target} ended without its exit sentinel" + (f": {detail}" if detail else "")
+        )
+
+
+class JournalFrameError(BoxwrightError, ValueError):
+    """A base64-framed journal read was cut short or garbled."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"journal read returned a broken base64 frame: {detail}")
+
+
+class AgentProcessExitError(BoxwrightError):
+    """A journaled agent exited non-zero; ``stderr`` is the tail of its stderr sidecar."""
+
+    def __init__(self, exit_code: int, stderr: str = "") -> None:
+        self.exit_code = exit_code
+        self.stderr = stderr
+        super().__init__(f"Agent process exited with code {exit_code}" + (f": {stderr[:1000]}" if stderr else ""))
+
+
+class DurableRunIdRequiredError(BoxwrightError, ValueError):
+    """A durable run was started without a run id, so no successor could find its journal."""
+
+    def __init__(self, adapter: str) -> None:
+        self.adapter = adapter
+        super().__init__(
+            f"harness {adapter!r} runs durably and needs a run_id: a successor host recomputes the journal "
+            "path from it, so none is generated; pass run_id=..."
+        )
+
+
+class DurableThreadIdRequiredError(BoxwrightError, ValueError):
+    """Attaching to a durable run needs the thread id the run was started with."""
+
+    def __init__(self, adapter: str) -> None:
+        self.adapter = adapter
+        super().__init__(
+            f"harness {adapter!r} is attaching to a durable run and needs its thread_id; pass thread_id=..."
+        )
+
+
+class DurableAttachNotSupportedError(BoxwrightError):
+    """An attach was routed into a path that does not journal; retrying will not help."""
+
+    def __init__(self, adapter: str, reason: str) -> None:
+        self.adapter = adapter
+        self.reason = reason
+        super().__init__(f"harness {adapter!r} cannot attach to a durable run: {reason}")

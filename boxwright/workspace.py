@@ -13,6 +13,7 @@ sees, never on a secret value (R32).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -389,13 +390,15 @@ def canonical_json(value: object) -> str:
 
 
 def stable_hash(value: object) -> str:
-    """FNV-1a in two 32-bit lanes over the UTF-16 code units of ``canonical_json(value)`` (R32)."""
-    data = canonical_json(value).encode("utf-16-le", "surrogatepass")
-    low = high = 0x811C9DC5
-    for i in range(0, len(data), 2):
-        low = ((low ^ data[i]) * 0x01000193) & 0xFFFFFFFF
-        high = ((high ^ data[i + 1]) * 0x01000193) & 0xFFFFFFFF
-    return f"{low:08x}{high:08x}"
+    """16 hex chars of SHA-256 over the UTF-8 of ``canonical_json(value)`` (R32, with decision 8).
+
+    The reference's FNV-1a runs a second lane over the high bytes of UTF-16 code
+    units, which are zero for ASCII: its 64-bit keys carry 32 bits for most input,
+    and a key collision would hand one thread's sandbox to another. So we hash
+    with SHA-256; keys need not match the TypeScript original's.
+    """
+    data = canonical_json(value).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def workspace_hash(ws: Workspace | None) -> str:

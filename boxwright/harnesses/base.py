@@ -182,9 +182,7 @@ class RunFrame:
         self.ended = True
         return [
             *self.start(),
-            RunErrorEvent(
-                message=message, code=code, thread_id=self.thread_id, run_id=self.run_id, timestamp=now_ms()
-            ),
+            RunErrorEvent(message=message, code=code, thread_id=self.thread_id, run_id=self.run_id, timestamp=now_ms()),
         ]
 
 

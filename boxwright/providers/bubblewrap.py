@@ -298,6 +298,10 @@ class BubblewrapProvider:
     def capabilities(self) -> Capabilities:
         return _capabilities(self.probe)
 
+    def instance_identity(self) -> dict[str, object]:
+        """What shapes a sandbox of this provider (its "image"): a change means a new sandbox."""
+        return {"network": self._network, "roBinds": list(self._ro_binds)}
+
     def _handle(self, state: str, meta: _Meta, env: Mapping[str, str] | None) -> BubblewrapHandle:
         return BubblewrapHandle(
             state,

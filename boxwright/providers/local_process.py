@@ -145,6 +145,10 @@ class LocalProcessProvider:
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
+    def instance_identity(self) -> dict[str, object]:
+        """Where this provider's sandboxes live: another place means another sandbox."""
+        return {"dir": self._dir, "baseDir": self._base_dir}
+
     def _handle(self, root: str, env: Mapping[str, str] | None = None, owned: bool | None = None) -> LocalProcessHandle:
         return LocalProcessHandle(
             root,

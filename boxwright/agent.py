@@ -1,0 +1,269 @@
+"""run_agent(): one agent run, from ensure() to the last event.
+
+The order of what a consumer sees is fixed: RUN_STARTED first; then the
+harness's translated events, interleaved with ``sandbox.file`` events from the
+workspace watcher (and tool-bridge events); then ``file.changed`` with the
+working tree's diff; RUN_FINISHED or RUN_ERROR last, exactly once, whatever
+happened. Stopping the iteration (or aborting ``signal``) kills the agent and
+destroys the sandbox: a cancelled run leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from .abort import AbortSignal
+from .auth import AuthMode
+from .definition import EnsureContext, SandboxDefinition, Tenant, with_sandbox
+from .events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, create_run_scoped_id_gen
+from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
+from .harnesses.base import prompt_from_messages as _prompt_from_messages
+from .projection import project_workspace, projection_for
+from .sandbox import ProcessOptions, SandboxHandle
+from .secrets import redact, register_secret_values
+from .shell import quote
+from .stores.base import LockStore, SandboxInstanceStore
+from .watcher import FileEvent, WorkspaceWatcher, file_event_chunk
+
+log = logging.getLogger("boxwright.agent")
+
+STDERR_TAIL = 4096
+# Shows new files too: `git diff` alone is blind to files git does not track yet.
+DIFF_COMMAND = (
+    "git diff 2>/dev/null; "
+    "git ls-files -z --others --exclude-standard 2>/dev/null | "
+    "xargs -0 -r -n1 git diff --no-index -- /dev/null 2>/dev/null; true"
+)
+_DONE = object()
+
+
+def file_suffix(run_id: str) -> str:
+    """A filename-safe, injective token for per-run temp files."""
+    from .journal import encode_run_id
+
+    return encode_run_id(run_id)
+
+
+async def _write_files(handle: SandboxHandle, files: Mapping[str, str], cwd: str) -> None:
+    # Through the shell, so the paths mean what they mean to the agent; the content goes by env,
+    # never argv, because a config file may hold a token.
+    for path, content in files.items():
+        folder = path.rsplit("/", 1)[0] or "/"
+        result = await handle.process.exec(
+            f'umask 077 && mkdir -p {quote(folder)} && printf %s "$BOXWRIGHT_FILE" > {quote(path)}',
+            ProcessOptions(cwd=cwd, env={"BOXWRIGHT_FILE": content}),
+        )
+        if result.exit_code != 0:
+            raise OSError(f"could not write {path} in the sandbox: {result.stderr.strip()}")
+
+
+async def _remove_files(handle: SandboxHandle, files: Sequence[str], cwd: str) -> None:
+    if files:
+        with contextlib.suppress(Exception):
+            await handle.process.exec("rm -f " + " ".join(quote(p) for p in files), ProcessOptions(cwd=cwd))
+
+
+class _Run:
+    """The moving parts of one drive: the agent process, its readers and the watcher."""
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.stderr: list[str] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def on_file(self, event: FileEvent) -> None:
+        self.queue.put_nowait(file_event_chunk(event, thread_id=self.thread_id, run_id=self.run_id))
+
+    def stderr_tail(self) -> str:
+        return "".join(self.stderr)[-STDERR_TAIL:]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def run_agent(
+    sandbox: SandboxDefinition,
+    harness: Harness,
+    messages: Sequence[Message] | str,
+    *,
+    thread_id: str,
+    run_id: str | None = None,
+    tools: Sequence[Any] | None = None,
+    signal: AbortSignal | None = None,
+    store: SandboxInstanceStore | None = None,
+    locks: LockStore | None = None,
+    tenant: Tenant | None = None,
+    session_id: str | None = None,
+    cwd: str = "/workspace",
+    auth_mode: AuthMode | None = None,
+    host_env: Mapping[str, str] | None = None,
+) -> AsyncIterator[Event]:
+    """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events."""
+    run_id = run_id or uuid.uuid4().hex
+    frame = RunFrame(thread_id, run_id)
+    for event in frame.start():
+        yield event
+    if isinstance(messages, str):
+        messages = [Message(role="user", content=messages)]
+    try:
+        prompt, system = _prompt_from_messages(messages, harness.name)
+    except ValueError as exc:
+        for event in frame.error(str(exc), "invalid_input"):
+            yield event
+        return
+    ctx = EnsureContext(
+        thread_id=thread_id,
+        run_id=run_id,
+        store=store,
+        locks=locks,
+        tenant=tenant,
+        signal=signal,
+        adapter_name=harness.name,
+    )
+    try:
+        async with with_sandbox(sandbox, ctx) as scope:
+            hctx = HarnessContext(
+                run_id=run_id,
+                thread_id=thread_id,
+                prompt=prompt,
+                system_prompt=system,
+                capabilities=scope.handle.capabilities,
+                provider=scope.handle.provider,
+                gen_id=create_run_scoped_id_gen(run_id),
+                cwd=cwd,
+                policy=sandbox.policy,
+                bridge=await _bridge_for(tools, run_id, thread_id),
+                session_id=session_id,
+                auth_mode=auth_mode,
+                host_env=dict(os.environ if host_env is None else host_env),
+                file_suffix=file_suffix(run_id),
+            )
+            async for event in _drive(sandbox, scope.handle, harness, hctx, frame, signal):
+                yield event
+    except Exception as exc:
+        # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
+        log.warning("run %s failed: %s", run_id, exc)
+        for event in frame.error(redact(f"{type(exc).__name__}: {exc}"), _error_code(exc)):
+            yield event
+        return
+    if signal is not None and signal.aborted:
+        for event in frame.error(f"run cancelled: {signal.reason}", "cancelled"):
+            yield event
+
+
+def _error_code(exc: BaseException) -> str:
+    return getattr(exc, "code", None) or type(exc).__name__
+
+
+async def _bridge_for(tools: Sequence[Any] | None, run_id: str, thread_id: str) -> BridgeConfig | None:
+    if not tools:
+        return None
+    raise NotImplementedError("tools are bridged once the tool bridge lands")
+
+
+async def _drive(
+    sandbox: SandboxDefinition,
+    handle: SandboxHandle,
+    harness: Harness,
+    hctx: HarnessContext,
+    frame: RunFrame,
+    signal: AbortSignal | None,
+) -> AsyncIterator[Event]:
+    if sandbox.workspace is not None:
+        await project_workspace(handle, projection_for(sandbox.workspace, sandbox.workspace_hash()), harness.name)
+    plan: HarnessPlan = harness.plan(hctx)
+    register_secret_values(plan.secrets)
+    run = _Run(hctx.thread_id, hctx.run_id)
+    watcher: WorkspaceWatcher | None = None
+    held: Event | None = None
+    try:
+        await _write_files(handle, plan.files, hctx.cwd)
+        if sandbox.file_events:
+            watcher = await WorkspaceWatcher(handle, run.on_file, root=hctx.cwd).start()
+        translator = harness.translator(hctx)
+        process = await handle.process.spawn(plan.command, ProcessOptions(cwd=hctx.cwd, env=plan.env, signal=signal))
+        run.tasks.append(asyncio.ensure_future(_pump_stdout(process.stdout, translator, run)))
+        run.tasks.append(asyncio.ensure_future(_pump_stderr(process.stderr, run)))
+        if plan.stdin is not None and hctx.capabilities.writable_stdin:
+            with contextlib.suppress(Exception):  # an agent that exits at once closes its stdin
+                await process.stdin.write(plan.stdin)
+        with contextlib.suppress(Exception):
+            await process.stdin.end()
+
+        while (item := await run.queue.get()) is not _DONE:
+            for event in _events(item):
+                if isinstance(event, RunStartedEvent):
+                    continue  # ours went first
+                if isinstance(event, (RunFinishedEvent, RunErrorEvent)):
+                    held = held or event  # the terminal event waits for the diff
+                    continue
+                yield event
+        exit_code = await process.wait()
+        await asyncio.gather(*run.tasks)
+        for event in translator.finish(exit_code, run.stderr_tail()):
+            if isinstance(event, (RunFinishedEvent, RunErrorEvent)):
+                held = held or event
+            elif not isinstance(event, RunStartedEvent):
+                yield event
+        if watcher is not None:
+            await watcher.stop()
+            while not run.queue.empty():
+                for event in _events(run.queue.get_nowait()):
+                    yield event
+        if getattr(harness, "emit_diff", True):
+            diff = await handle.process.exec(DIFF_COMMAND, ProcessOptions(cwd=hctx.cwd))
+            if diff.stdout.strip():
+                yield CustomEvent(
+                    name="file.changed",
+                    value={"path": ".", "diff": diff.stdout, "threadId": hctx.thread_id, "runId": hctx.run_id},
+                )
+    finally:
+        await run.close()
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        await _remove_files(handle, list(plan.files), hctx.cwd)
+    if signal is not None and signal.aborted:
+        return  # run_agent reports the cancel
+    if held is not None:
+        frame.ended = True
+        yield held
+    else:
+        for event in frame.finish():
+            yield event
+
+
+def _events(item: Any) -> list[Event]:
+    return item if isinstance(item, list) else [item]
+
+
+async def _pump_stdout(stdout: AsyncIterator[str], translator: Any, run: _Run) -> None:
+    splitter = LineSplitter()
+    try:
+        async for chunk in stdout:
+            for line in splitter.feed(chunk):
+                if line.strip():
+                    run.queue.put_nowait(translator.feed(line))
+        for line in splitter.flush():
+            run.queue.put_nowait(translator.feed(line))
+        if splitter.dropped:
+            log.warning("run %s: dropped %d agent output line(s) over the size limit", run.run_id, splitter.dropped)
+    finally:
+        run.queue.put_nowait(_DONE)
+
+
+async def _pump_stderr(stderr: AsyncIterator[str], run: _Run) -> None:
+    async for chunk in stderr:
+        run.stderr.append(chunk)
+        if sum(map(len, run.stderr)) > 4 * STDERR_TAIL:
+            run.stderr[:] = [run.stderr_tail()]
