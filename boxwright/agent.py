@@ -25,7 +25,7 @@ from .events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, RunStar
 from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
 from .projection import project_workspace, projection_for
-from .sandbox import ProcessOptions, SandboxHandle
+from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .secrets import redact, register_secret_values
 from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
@@ -186,6 +186,7 @@ async def _drive(
     run = _Run(hctx.thread_id, hctx.run_id)
     watcher: WorkspaceWatcher | None = None
     held: Event | None = None
+    process: SpawnHandle | None = None
     try:
         await _write_files(handle, plan.files, hctx.cwd)
         if sandbox.file_events:
@@ -228,6 +229,10 @@ async def _drive(
                     value={"path": ".", "diff": diff.stdout, "threadId": hctx.thread_id, "runId": hctx.run_id},
                 )
     finally:
+        if process is not None:
+            # Normally long gone; after an error or a cancel, the agent must not outlive the run.
+            with contextlib.suppress(Exception):
+                await _detached_kill(process)
         await run.close()
         if watcher is not None:
             with contextlib.suppress(Exception):
@@ -241,6 +246,17 @@ async def _drive(
     else:
         for event in frame.finish():
             yield event
+
+
+async def _detached_kill(process: SpawnHandle) -> None:
+    task = asyncio.ensure_future(process.kill())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), 5)
 
 
 def _events(item: Any) -> list[Event]:

@@ -190,6 +190,18 @@ class HostProcess:
         """Wait until both pipes closed and every byte reached the streams."""
         await asyncio.gather(*self._pumps)
 
+    async def settle(self, timeout: float = KILL_CONFIRM) -> None:
+        """Wait for exit and the pipes' end, then release the transport.
+
+        A transport left open when the loop closes is collected later and raises
+        there; and a pipe held open by an escaped grandchild must not hold us.
+        """
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.gather(self._exit, *self._pumps), timeout)
+        transport = getattr(self._proc, "_transport", None)
+        if transport is not None:
+            transport.close()
+
     def kill_soon(self, sig: int | None = None) -> asyncio.Task[None]:
         """Start the kill (or join the one under way) and return its task."""
         if self._kill is None:
@@ -264,7 +276,8 @@ class HostProcesses:
             ) from exc
         process = HostProcess(proc, self._logger)
         self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
+        done = asyncio.gather(process._exit, *process._pumps, return_exceptions=True)
+        done.add_done_callback(lambda _: self.live.discard(process))
         if opts.signal is not None:
 
             def on_abort(_reason: object) -> None:
@@ -285,10 +298,11 @@ class HostProcesses:
         return ExecResult(stdout=out, stderr=err, exit_code=code)
 
     async def kill_all(self) -> None:
-        """Kill every tracked process (TERM, then KILL survivors); never raises."""
+        """Kill every tracked process (TERM, then KILL survivors) and release it; never raises."""
         live = list(self.live)
         if live:
             await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
+            await asyncio.gather(*(p.settle() for p in live), return_exceptions=True)
 
 
 async def _collect(stream: TextStream) -> str:

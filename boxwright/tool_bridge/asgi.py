@@ -1,0 +1,598 @@
+"""The host transport of the tool bridge: MCP streamable HTTP (stateless, JSON answers) as a plain ASGI app.
+
+One listener serves many runs. Each run is registered under its own path,
+``/runs/<run_id>/mcp``, with its own bearer token. Routing is by path, not by looking the token
+up: the token is then compared in constant time against exactly one run's value, an unknown run
+(404) stays distinguishable from a wrong token (401), and access logs carry run ids, never tokens.
+
+Order of checks per request: route (404), bearer (401 + ``WWW-Authenticate: Bearer``), method
+(405 unless POST), declared and then actual body size (413, read incrementally), JSON (400 with
+JSON-RPC -32700), then the dispatcher: 202 for notifications, 400 for a message that is not a
+valid JSON-RPC request (-32600, batches included), 200 with the JSON-RPC reply otherwise. Anything
+else is a 500 ``{"error":"bridge error"}``: no traceback, no token.
+
+Where the listener binds and which URL the sandbox is given (never a request's ``Host`` header):
+
+=====================  ===================================  =====================================
+provider               bind address                         URL host the sandbox dials
+=====================  ===================================  =====================================
+local-process,         127.0.0.1                            127.0.0.1
+bubblewrap
+docker, sbx            the docker0 gateway IP if that       host.docker.internal (which Docker
+                       interface exists, else 127.0.0.1     maps to that gateway on Linux with
+                       (Docker Desktop forwards             ``--add-host host.docker.internal:
+                       host.docker.internal to the host's   host-gateway``)
+                       loopback)
+anything else          127.0.0.1 (a tunnel or proxy         the configured ``public_url``;
+(remote VMs)           forwards to it)                      refused when none is configured
+=====================  ===================================  =====================================
+
+``0.0.0.0`` is never chosen for you: it would expose the bridge on every interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Generator, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote, unquote_to_bytes
+
+import msgspec
+import uvicorn
+
+from ..abort import AbortController, AbortSignal
+from ..errors import ToolBridgeConfigError
+from .core import INVALID_REQUEST, SERVER_NAME, ToolBridgeCore, handle_json_rpc, parse_error_reply
+from .tools import EmitCustomEvent, Tool
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "AsgiServer",
+    "BridgeRegistration",
+    "HostToolBridge",
+    "ToolBridgeApp",
+    "bind_address_for",
+    "host_for_sandbox",
+    "serve_asgi",
+    "start_host_tool_bridge",
+]
+
+log = logging.getLogger("boxwright.tool_bridge")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+LOOPBACK = "127.0.0.1"
+DOCKER_HOST = "host.docker.internal"
+LOOPBACK_PROVIDERS = frozenset({"local-process", "bubblewrap"})
+DOCKER_PROVIDERS = frozenset({"docker", "sbx"})
+_MIN_TOKEN_CHARS = 32
+
+_JSON = b"application/json"
+_BRIDGE_ERROR = b'{"error":"bridge error"}'
+
+
+# -- HTTP plumbing shared with the tool-exec endpoint ---------------------------------------------
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class _RequestHeaders:
+    """The few request headers the bridge reads, collected in one pass over the raw list."""
+
+    __slots__ = ("accept", "authorization", "content_length")
+
+    def __init__(self, scope: Scope) -> None:
+        self.authorization: list[bytes] = []
+        self.content_length: bytes | None = None
+        self.accept = b""
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                self.authorization.append(value)
+            elif key == b"content-length":
+                self.content_length = value
+            elif key == b"accept":
+                self.accept = value.lower()
+
+
+def _path_segments(scope: Scope) -> list[str] | None:
+    """The percent-decoded segments of the path below ``root_path``; ``None`` if one is not UTF-8."""
+    raw: bytes | None = scope.get("raw_path")
+    if raw is None:
+        raw = quote(scope["path"]).encode()
+    root = scope.get("root_path", "")
+    if root:
+        encoded_root = quote(root).encode()
+        if raw.startswith(encoded_root):
+            raw = raw[len(encoded_root) :]
+    try:
+        return [unquote_to_bytes(part).decode() for part in raw.split(b"/")[1:]]
+    except UnicodeDecodeError:
+        return None
+
+
+def _bearer_matches(values: list[bytes], expected: bytes) -> bool:
+    # The whole header against "Bearer <token>": another scheme, a bare token or a second header all fail.
+    return len(values) == 1 and hmac.compare_digest(values[0], expected)
+
+
+async def _read_body(receive: Receive, headers: _RequestHeaders, limit: int) -> bytes:
+    """The request body, refused (``_BodyTooLarge``) as soon as it is known to exceed ``limit``."""
+    if headers.content_length is not None:
+        try:
+            declared = int(headers.content_length)
+        except ValueError:
+            raise _BadRequest("invalid Content-Length") from None
+        if declared > limit:
+            raise _BodyTooLarge
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        if len(body) > limit:
+            raise _BodyTooLarge
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes = b"",
+    content_type: bytes | None = _JSON,
+    extra: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    headers = [(b"content-length", str(len(body)).encode()), *extra]
+    if content_type is not None:
+        headers.append((b"content-type", content_type))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse_non_http(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    elif scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+
+
+_Fixed = tuple[int, bytes, list[tuple[bytes, bytes]]]
+_UNAUTHORIZED: _Fixed = (401, b'{"error":"unauthorized"}', [(b"www-authenticate", b"Bearer")])
+_NOT_FOUND: _Fixed = (404, b'{"error":"not found"}', [])
+_NOT_ALLOWED: _Fixed = (405, b'{"error":"method not allowed"}', [(b"allow", b"POST")])
+_TOO_LARGE: _Fixed = (413, b'{"error":"request body too large"}', [])
+
+
+async def _respond_fixed(send: Send, answer: _Fixed) -> None:
+    await _respond(send, answer[0], answer[1], _JSON, answer[2])
+
+
+def check_token(token: str) -> str:
+    """``token`` if it can ride in an Authorization header and is long enough to be a per-run secret."""
+    if not isinstance(token, str) or len(token) < _MIN_TOKEN_CHARS or not all("\x21" <= ch <= "\x7e" for ch in token):
+        raise ToolBridgeConfigError(
+            f"a bridge token must be at least {_MIN_TOKEN_CHARS} visible ASCII characters (mint one with "
+            "secrets.token_hex(24))"
+        )
+    return token
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not run_id:
+        raise ToolBridgeConfigError("a run id must be a non-empty string")
+    try:
+        run_id.encode()
+    except UnicodeEncodeError:
+        raise ToolBridgeConfigError(f"run id {run_id!r} is not valid UTF-8 (lone surrogate)") from None
+    return run_id
+
+
+# -- the app -------------------------------------------------------------------------------------
+
+
+class _Run:
+    __slots__ = ("authorization", "core", "registration")
+
+    def __init__(self, core: ToolBridgeCore, token: str) -> None:
+        self.core = core
+        self.authorization = b"Bearer " + token.encode()
+        self.registration: BridgeRegistration | None = None
+
+
+@dataclass(eq=False)
+class BridgeRegistration:
+    """One run on a bridge: the URL and token the agent is given, and ``close()`` to remove it."""
+
+    run_id: str
+    url: str
+    token: str = field(repr=False)
+    core: ToolBridgeCore = field(repr=False)
+    name: str = SERVER_NAME
+    _close: Callable[[], None] = field(repr=False, default=lambda: None)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def close(self) -> None:
+        """Unregister the run and abort its in-flight tool calls. Idempotent."""
+        self._close()
+
+    def __enter__(self) -> BridgeRegistration:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ToolBridgeApp:
+    """An ASGI app serving each registered run's tools over MCP at ``/runs/<run_id>/mcp``."""
+
+    def __init__(self, *, base_url: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.base_url = base_url.rstrip("/") if base_url is not None else None
+        self.max_body_bytes = max_body_bytes
+        self._runs: dict[str, _Run] = {}
+
+    @staticmethod
+    def path_for(run_id: str) -> str:
+        return f"/runs/{quote(check_run_id(run_id), safe='')}/mcp"
+
+    def url_for(self, run_id: str) -> str:
+        if self.base_url is None:
+            raise ToolBridgeConfigError("this ToolBridgeApp has no base_url; pass base_url= (from configuration)")
+        return self.base_url + self.path_for(run_id)
+
+    @property
+    def run_ids(self) -> list[str]:
+        return list(self._runs)
+
+    def register(
+        self,
+        run_id: str,
+        tools: Iterable[Tool],
+        *,
+        token: str | None = None,
+        url: str | None = None,
+        context: Any = None,
+        signal: AbortSignal | None = None,
+        emit_custom_event: EmitCustomEvent | None = None,
+        thread_id: str | None = None,
+        permission: Tool | None = None,
+    ) -> BridgeRegistration:
+        """Serve ``tools`` for ``run_id`` until the registration is closed; the token is minted unless given."""
+        check_run_id(run_id)
+        if run_id in self._runs:
+            raise ToolBridgeConfigError(f"run {run_id!r} is already registered on this bridge")
+        token = check_token(token) if token is not None else secrets.token_hex(24)
+        controller = AbortController()
+        core = ToolBridgeCore(
+            tools,
+            context=context,
+            signal=AbortSignal.any([signal, controller.signal]),
+            emit_custom_event=emit_custom_event,
+            run_id=run_id,
+            thread_id=thread_id,
+            permission=permission,
+        )
+        entry = _Run(core, token)
+
+        def close() -> None:
+            if self._runs.get(run_id) is entry:
+                del self._runs[run_id]
+            controller.abort("tool bridge registration closed")
+
+        registration = BridgeRegistration(
+            run_id=run_id,
+            url=url if url is not None else self.url_for(run_id),
+            token=token,
+            core=core,
+            _close=close,
+        )
+        entry.registration = registration
+        self._runs[run_id] = entry
+        return registration
+
+    def close_all(self) -> None:
+        for entry in list(self._runs.values()):
+            if entry.registration is not None:
+                entry.registration.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await _refuse_non_http(scope, receive, send)
+            return
+        try:
+            await self._serve(scope, receive, send)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Logged without headers or body: those carry the token and the tool arguments.
+            log.error("tool bridge request failed", exc_info=True)
+            with contextlib.suppress(Exception):
+                await _respond(send, 500, _BRIDGE_ERROR)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        segments = _path_segments(scope)
+        entry = None
+        if segments is not None and len(segments) == 3 and segments[0] == "runs" and segments[2] == "mcp":
+            entry = self._runs.get(segments[1])
+        if entry is None:
+            await _respond_fixed(send, _NOT_FOUND)
+            return
+        headers = _RequestHeaders(scope)
+        if not _bearer_matches(headers.authorization, entry.authorization):
+            await _respond_fixed(send, _UNAUTHORIZED)
+            return
+        if scope["method"] != "POST":
+            await _respond_fixed(send, _NOT_ALLOWED)
+            return
+        try:
+            body = await _read_body(receive, headers, self.max_body_bytes)
+        except _BodyTooLarge:
+            await _respond_fixed(send, _TOO_LARGE)
+            return
+        except _BadRequest as exc:
+            await _respond(send, 400, msgspec.json.encode({"error": str(exc)}))
+            return
+        except _Disconnected:
+            return
+        try:
+            message = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            await _respond(send, 400, msgspec.json.encode(parse_error_reply()))
+            return
+        reply = await handle_json_rpc(entry.core, message)
+        if reply is None:
+            await _respond(send, 202, b"", None)
+            return
+        status = 400 if "error" in reply and reply["error"]["code"] == INVALID_REQUEST else 200
+        payload = msgspec.json.encode(reply)
+        accept = headers.accept
+        if b"text/event-stream" in accept and b"application/json" not in accept and b"*/*" not in accept:
+            # A client that accepts only a stream gets the one reply as a single SSE event.
+            await _respond(
+                send,
+                status,
+                b"event: message\ndata: " + payload + b"\n\n",
+                b"text/event-stream",
+                [(b"cache-control", b"no-cache")],
+            )
+            return
+        await _respond(send, status, payload)
+
+
+# -- in-process server ---------------------------------------------------------------------------
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # Signals belong to the application that embeds the bridge; uvicorn's own handlers would
+        # turn the app's Ctrl-C into a bridge shutdown.
+        yield
+
+
+def _format_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class AsgiServer:
+    """An ASGI app served by uvicorn as an asyncio task of the running loop (see ``serve_asgi``)."""
+
+    def __init__(self, server: uvicorn.Server, task: asyncio.Task[None], host: str, port: int) -> None:
+        self._server = server
+        self._task = task
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://{_format_host(self.host)}:{self.port}"
+
+    async def close(self) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), and wait for the task. Idempotent."""
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=10)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        except Exception:
+            log.warning("embedded ASGI server ended with an error", exc_info=True)
+
+    async def __aenter__(self) -> AsgiServer:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and an
+    # accepted socket inherits it; socket.create_server leaves it 0, which costs 40 ms delayed-ACK
+    # stalls on every response written in more than one piece.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_asgi(app: Any, *, host: str = LOOPBACK, port: int = 0, lifespan: str = "off") -> AsgiServer:
+    """Serve ``app`` with uvicorn inside the running loop; returns once it accepts connections."""
+    sock = _listen(host, port)
+    bound_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        lifespan=lifespan,  # type: ignore[arg-type]
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        # Never trust X-Forwarded-*: nothing here may depend on what a client claims about the connection.
+        proxy_headers=False,
+        date_header=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = _EmbeddedServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name=f"boxwright-asgi-{bound_port}")
+    while not server.started:
+        if task.done():
+            sock.close()
+            exc = task.exception() if not task.cancelled() else None
+            raise RuntimeError(f"the embedded server on {host}:{bound_port} did not start: {exc!r}")
+        await asyncio.sleep(0.001)
+    return AsgiServer(server, task, host, bound_port)
+
+
+# -- topology ------------------------------------------------------------------------------------
+
+
+def host_for_sandbox(provider: str) -> str:
+    """The host name a sandbox of ``provider`` dials to reach a bridge on this machine."""
+    if provider in LOOPBACK_PROVIDERS:
+        return LOOPBACK
+    if provider in DOCKER_PROVIDERS:
+        return DOCKER_HOST
+    raise ToolBridgeConfigError(
+        f"a {provider!r} sandbox cannot reach this machine's loopback; configure public_url "
+        "(a tunnel or an address the sandbox can reach) for the tool bridge"
+    )
+
+
+def _interface_ipv4(name: str) -> str | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def bind_address_for(provider: str) -> str:
+    """Where to bind a bridge for ``provider``'s sandboxes (see the module docstring's table)."""
+    if provider in DOCKER_PROVIDERS:
+        return _interface_ipv4("docker0") or LOOPBACK
+    return LOOPBACK
+
+
+class HostToolBridge:
+    """One in-process listener serving the tool bridge of many runs; ``register`` adds one."""
+
+    name = SERVER_NAME
+
+    def __init__(self, app: ToolBridgeApp, server: AsgiServer) -> None:
+        self.app = app
+        self._server = server
+
+    @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def base_url(self) -> str:
+        assert self.app.base_url is not None
+        return self.app.base_url
+
+    def url_for(self, run_id: str) -> str:
+        return self.app.url_for(run_id)
+
+    def register(
+        self, run_id: str, tools: Iterable[Tool], *, token: str | None = None, **core_opts: Any
+    ) -> BridgeRegistration:
+        """Serve ``tools`` for one run at ``url_for(run_id)``; see ``ToolBridgeApp.register``."""
+        return self.app.register(run_id, tools, token=token, **core_opts)
+
+    async def close(self) -> None:
+        """Close every registration (aborting in-flight tools), then stop the listener. Idempotent."""
+        self.app.close_all()
+        await self._server.close()
+
+    async def __aenter__(self) -> HostToolBridge:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+async def start_host_tool_bridge(
+    *,
+    host: str | None = None,
+    port: int = 0,
+    public_url: str | None = None,
+    provider: str | None = None,
+    connect_host: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> HostToolBridge:
+    """Start a bridge listener in this process (uvicorn, as a task of the running loop).
+
+    ``host`` is the bind address (default: ``bind_address_for(provider)``, else 127.0.0.1). The URL
+    handed to sandboxes is ``public_url`` if configured, else ``http://<connect_host>:<port>`` with
+    ``connect_host`` defaulting to ``host_for_sandbox(provider)`` (or the bind address).
+    """
+    if public_url is None and provider is not None and connect_host is None:
+        connect_host = host_for_sandbox(provider)
+    bind = host if host is not None else (bind_address_for(provider) if provider is not None else LOOPBACK)
+    app = ToolBridgeApp(max_body_bytes=max_body_bytes)
+    server = await serve_asgi(app, host=bind, port=port)
+    app.base_url = (public_url or f"http://{_format_host(connect_host or bind)}:{server.port}").rstrip("/")
+    return HostToolBridge(app, server)
