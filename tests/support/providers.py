@@ -14,11 +14,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from boxwright.errors import UnsupportedCapabilityError
 from boxwright.providers.local_process import LocalProcessHandle, LocalProcessProvider
 from boxwright.sandbox import Capabilities, CreateInput, DestroyInput, RestoreInput, ResumeInput, SnapshotRef
-
-import msgspec
 
 
 @dataclass
