@@ -29,6 +29,8 @@ from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .secrets import redact, register_secret_values
 from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
+from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
+from .tool_bridge.tools import Tool
 from .watcher import FileEvent, WorkspaceWatcher, file_event_chunk
 
 log = logging.getLogger("boxwright.agent")
@@ -82,6 +84,12 @@ class _Run:
     def on_file(self, event: FileEvent) -> None:
         self.queue.put_nowait(file_event_chunk(event, thread_id=self.thread_id, run_id=self.run_id))
 
+    def on_bridge_event(self, name: str, value: Any) -> None:
+        """A host tool started, finished or failed: spliced into the run's events in arrival order."""
+        self.queue.put_nowait(
+            CustomEvent(name=name, value=value, metadata={"threadId": self.thread_id, "runId": self.run_id})
+        )
+
     def stderr_tail(self) -> str:
         return "".join(self.stderr)[-STDERR_TAIL:]
 
@@ -98,7 +106,8 @@ async def run_agent(
     *,
     thread_id: str,
     run_id: str | None = None,
-    tools: Sequence[Any] | None = None,
+    tools: Sequence[Tool] | None = None,
+    bridge: HostToolBridge | None = None,
     signal: AbortSignal | None = None,
     store: SandboxInstanceStore | None = None,
     locks: LockStore | None = None,
@@ -142,13 +151,13 @@ async def run_agent(
                 gen_id=create_run_scoped_id_gen(run_id),
                 cwd=cwd,
                 policy=sandbox.policy,
-                bridge=await _bridge_for(tools, run_id, thread_id),
+                bridge=None,
                 session_id=session_id,
                 auth_mode=auth_mode,
                 host_env=dict(os.environ if host_env is None else host_env),
                 file_suffix=file_suffix(run_id),
             )
-            async for event in _drive(sandbox, scope.handle, harness, hctx, frame, signal):
+            async for event in _drive(sandbox, scope.handle, harness, hctx, frame, signal, tools or (), bridge):
                 yield event
     except Exception as exc:
         # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
@@ -165,12 +174,6 @@ def _error_code(exc: BaseException) -> str:
     return getattr(exc, "code", None) or type(exc).__name__
 
 
-async def _bridge_for(tools: Sequence[Any] | None, run_id: str, thread_id: str) -> BridgeConfig | None:
-    if not tools:
-        return None
-    raise NotImplementedError("tools are bridged once the tool bridge lands")
-
-
 async def _drive(
     sandbox: SandboxDefinition,
     handle: SandboxHandle,
@@ -178,12 +181,25 @@ async def _drive(
     hctx: HarnessContext,
     frame: RunFrame,
     signal: AbortSignal | None,
+    tools: Sequence[Tool],
+    bridge: HostToolBridge | None,
 ) -> AsyncIterator[Event]:
     if sandbox.workspace is not None:
         await project_workspace(handle, projection_for(sandbox.workspace, sandbox.workspace_hash()), harness.name)
+    run = _Run(hctx.thread_id, hctx.run_id)
+    own_bridge: HostToolBridge | None = None
+    registration: BridgeRegistration | None = None
+    if tools:
+        if bridge is None:
+            # No listener shared by the app: one for this run, closed with it.
+            bridge = own_bridge = await start_host_tool_bridge(provider=handle.provider)
+        registration = bridge.register(
+            hctx.run_id, tools, thread_id=hctx.thread_id, signal=signal, emit_custom_event=run.on_bridge_event
+        )
+        register_secret_values([registration.token])
+        hctx.bridge = BridgeConfig(url=registration.url, token=registration.token)
     plan: HarnessPlan = harness.plan(hctx)
     register_secret_values(plan.secrets)
-    run = _Run(hctx.thread_id, hctx.run_id)
     watcher: WorkspaceWatcher | None = None
     held: Event | None = None
     process: SpawnHandle | None = None
@@ -218,9 +234,9 @@ async def _drive(
                 yield event
         if watcher is not None:
             await watcher.stop()
-            while not run.queue.empty():
-                for event in _events(run.queue.get_nowait()):
-                    yield event
+        while not run.queue.empty():  # last file and bridge events
+            for event in _events(run.queue.get_nowait()):
+                yield event
         if getattr(harness, "emit_diff", True):
             diff = await handle.process.exec(DIFF_COMMAND, ProcessOptions(cwd=hctx.cwd))
             if diff.stdout.strip():
@@ -238,6 +254,10 @@ async def _drive(
             with contextlib.suppress(Exception):
                 await watcher.stop()
         await _remove_files(handle, list(plan.files), hctx.cwd)
+        if registration is not None:
+            registration.close()
+        if own_bridge is not None:
+            await own_bridge.close()
     if signal is not None and signal.aborted:
         return  # run_agent reports the cancel
     if held is not None:

@@ -30,6 +30,7 @@ from boxwright.events import (
     ToolCallEndEvent,
     ToolCallResultEvent,
     ToolCallStartEvent,
+    encode_event,
 )
 from boxwright.harnesses.claude_code import claude_code
 from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
@@ -312,3 +313,64 @@ def test_a_consumer_that_stops_reading_kills_the_agent_and_destroys_the_sandbox(
     asyncio.run(main())
     assert _no_agent_left(claude_bin) == []
     assert not base.exists() or os.listdir(base) == []
+
+
+# -- issue 6: the app's Python tools, called by the real agent over the authenticated MCP bridge -------
+
+
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_real_claude_calls_a_host_python_tool_through_the_bridge(
+    kind: str, tmp_path: Path, origin: Path, claude_bin: str
+) -> None:
+    from boxwright.tool_bridge import tool
+
+    todos = ["write the spec", "ship it"]
+    calls: list[str] = []
+
+    @tool(read_only=True)
+    def get_todos(status: str = "open") -> str:
+        """List the todos of the app (closure state on the host)."""
+        calls.append(status)
+        return "\n".join(f"- {t} [{status}]" for t in todos)
+
+    model = FakeModelServer(
+        {"todos": [ToolCall("mcp__boxwright__get_todos", {"status": "open"}), Text("You have two todos.")]}
+    )
+    model.start()
+    home = tmp_path / "home"
+    home.mkdir()
+    sandbox = define_sandbox(
+        "e2e", _provider(kind, tmp_path, origin, claude_bin), lifecycle=Lifecycle(destroy_on_complete=True)
+    )  # type: ignore[arg-type]
+    try:
+        events = asyncio.run(
+            _collect(
+                run_agent(
+                    sandbox,
+                    _harness(claude_bin, model, home),  # type: ignore[arg-type]
+                    "[[script:todos]] what is on my list?",
+                    thread_id="t-tools",
+                    run_id="r-tools",
+                    tools=[get_todos],
+                    store=MemoryInstanceStore(),
+                    host_env=_host_env(model),
+                )
+            )
+        )
+        requests = model.model_requests()
+    finally:
+        model.stop()
+    types = _types(events)
+    assert types[0] == "RUN_STARTED" and types[-1] == "RUN_FINISHED", types
+    assert calls == ["open"], "the host tool ran once, in this process, with the agent's arguments"
+    start = next(e for e in events if isinstance(e, ToolCallStartEvent))
+    assert start.tool_name == "get_todos"
+    result = next(e for e in events if isinstance(e, ToolCallResultEvent))
+    assert "write the spec" in str(result.content) and result.state != "output-error"
+    bridge = [e.name for e in events if isinstance(e, CustomEvent) and e.name.startswith("tool_bridge.")]
+    assert bridge == ["tool_bridge.started", "tool_bridge.finished"]
+    # The result went back into the agent's conversation with the model.
+    assert "write the spec" in str(requests[-1].body["messages"])
+    # The bearer token reached neither the events nor the workspace.
+    wire = b"".join(encode_event(e) for e in events)
+    assert b"Bearer" not in wire
