@@ -35,3 +35,4 @@ __all__ = [
     "run_case",
     "skip_unavailable",
 ]
+from .journal import journal_conformance_suite as journal_conformance_suite

@@ -67,7 +67,6 @@ from ..sandbox import (
     SandboxHandle,
     SandboxProvider,
     SpawnHandle,
-    journal_read_strategy,
 )
 from ..shell import quote
 
@@ -829,15 +828,6 @@ async def case_c19_ensure_resumes(config: ProviderSuiteConfig) -> None:
             await dispose()
 
 
-async def case_j0_follow_declaration(config: ProviderSuiteConfig) -> None:
-    """The journal strategy the capabilities give equals the declaration (follow unless follow_unsupported)."""
-    async with fresh_sandbox(config) as handle:
-        expected = "poll" if config.follow_unsupported else "follow"
-        actual = journal_read_strategy(handle.capabilities)
-        why = f" (follow_unsupported={config.follow_unsupported!r})" if config.follow_unsupported else ""
-        _equal(actual, expected, f"journal strategy{why}")
-
-
 # -- the seed's kill case and bad input -----------------------------------------------------------
 
 
@@ -1075,7 +1065,6 @@ CASES: tuple[tuple[str, Case], ...] = (
     ("test_c17_fork", case_c17_fork),
     ("test_c18_no_helper_files", case_c18_no_helper_files),
     ("test_c19_ensure_resumes", case_c19_ensure_resumes),
-    ("test_j0_follow_declaration", case_j0_follow_declaration),
     ("test_kill_stops_delayed_writes", case_kill_stops_delayed_writes),
     ("test_bad_path_escape", case_bad_path_escape),
     ("test_bad_missing_command", case_bad_missing_command),
@@ -1190,7 +1179,6 @@ __all__ = [
     "case_c17_fork",
     "case_c18_no_helper_files",
     "case_c19_ensure_resumes",
-    "case_j0_follow_declaration",
     "case_kill_stops_delayed_writes",
     "fresh_sandbox",
     "host_pids",
