@@ -14,10 +14,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on the embedded default (local-process provider). Until `boxwright run`
-# lands it reports what this machine can run.
+# The main job on the embedded default (SQLite + local-process provider), offline: a scripted
+# agent edits a small git repo and the run streams live. `boxwright run PROMPT` runs a real agent.
 demo: $(STAMP)
 	$(BIN)/boxwright doctor
+	$(BIN)/boxwright demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -24,7 +24,7 @@ from .definition import EnsureContext, SandboxDefinition, Tenant, with_sandbox
 from .events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, create_run_scoped_id_gen
 from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
-from .projection import project_workspace, projection_for
+from .projection import TARGETS, project_workspace, projection_for
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .secrets import redact, register_secret_values
 from .shell import quote
@@ -184,7 +184,7 @@ async def _drive(
     tools: Sequence[Tool],
     bridge: HostToolBridge | None,
 ) -> AsyncIterator[Event]:
-    if sandbox.workspace is not None:
+    if sandbox.workspace is not None and harness.name in TARGETS:
         await project_workspace(handle, projection_for(sandbox.workspace, sandbox.workspace_hash()), harness.name)
     run = _Run(hctx.thread_id, hctx.run_id)
     own_bridge: HostToolBridge | None = None
