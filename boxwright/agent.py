@@ -16,14 +16,30 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .abort import AbortSignal
 from .auth import AuthMode
-from .definition import EnsureContext, SandboxDefinition, Tenant, with_sandbox
+from .definition import EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
 from .events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, create_run_scoped_id_gen
 from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
+from .journal import (
+    DEFAULT_FIRST_BYTE_TIMEOUT_MS,
+    DEFAULT_JOURNAL_DIR,
+    DEFAULT_JOURNAL_POLL_MS,
+    JournalPaths,
+    RunLookup,
+    await_attachable_journal,
+    decode_base64_frame,
+    journal_cleanup_command,
+    journal_paths,
+    journal_stderr_read_command,
+    parse_exit_sentinel,
+    read_journal,
+    start_journaled_agent,
+)
 from .projection import TARGETS, project_workspace, projection_for
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .secrets import redact, register_secret_values
@@ -71,6 +87,22 @@ async def _remove_files(handle: SandboxHandle, files: Sequence[str], cwd: str) -
             await handle.process.exec("rm -f " + " ".join(quote(p) for p in files), ProcessOptions(cwd=cwd))
 
 
+@dataclass(frozen=True)
+class JournalOptions:
+    """Run the agent journaled, so the run outlives this process (see ``boxwright.journal``).
+
+    A fresh run starts the agent detached from the request (its output goes to a file in the
+    sandbox); ``attach=True`` starts nothing and re-reads the journal of a run another driver
+    started, from byte 0, translating it again (``boxwright.takeover`` drops what is stored).
+    """
+
+    dir: str = DEFAULT_JOURNAL_DIR
+    attach: bool = False
+    runs: RunLookup | None = None
+    first_byte_timeout_ms: float | None = DEFAULT_FIRST_BYTE_TIMEOUT_MS
+    poll_interval_ms: float = DEFAULT_JOURNAL_POLL_MS
+
+
 class _Run:
     """The moving parts of one drive: the agent process, its readers and the watcher."""
 
@@ -116,8 +148,14 @@ async def run_agent(
     cwd: str = "/workspace",
     auth_mode: AuthMode | None = None,
     host_env: Mapping[str, str] | None = None,
+    journal: JournalOptions | None = None,
+    durability: RunDurability | None = None,
 ) -> AsyncIterator[Event]:
-    """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events."""
+    """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events.
+
+    ``journal`` makes the agent outlive this process; ``durability`` (the run record) decides
+    what a dropped consumer means: detach (keep the sandbox) unless a cancel is recorded.
+    """
     run_id = run_id or uuid.uuid4().hex
     frame = RunFrame(thread_id, run_id)
     for event in frame.start():
@@ -140,7 +178,7 @@ async def run_agent(
         adapter_name=harness.name,
     )
     try:
-        async with with_sandbox(sandbox, ctx) as scope:
+        async with with_sandbox(sandbox, ctx, durability=durability) as scope:
             hctx = HarnessContext(
                 run_id=run_id,
                 thread_id=thread_id,
@@ -157,7 +195,8 @@ async def run_agent(
                 host_env=dict(os.environ if host_env is None else host_env),
                 file_suffix=file_suffix(run_id),
             )
-            async for event in _drive(sandbox, scope.handle, harness, hctx, frame, signal, tools or (), bridge):
+            drive = _drive(sandbox, scope.handle, harness, hctx, frame, signal, tools or (), bridge, journal)
+            async for event in drive:
                 yield event
     except Exception as exc:
         # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
@@ -166,6 +205,8 @@ async def run_agent(
             yield event
         return
     if signal is not None and signal.aborted:
+        if scope.ending == "detached":
+            return  # the agent goes on in its sandbox; a later driver reports how it ends
         for event in frame.error(f"run cancelled: {signal.reason}", "cancelled"):
             yield event
 
@@ -183,6 +224,7 @@ async def _drive(
     signal: AbortSignal | None,
     tools: Sequence[Tool],
     bridge: HostToolBridge | None,
+    journal: JournalOptions | None = None,
 ) -> AsyncIterator[Event]:
     if sandbox.workspace is not None and harness.name in TARGETS:
         await project_workspace(handle, projection_for(sandbox.workspace, sandbox.workspace_hash()), harness.name)
@@ -208,14 +250,25 @@ async def _drive(
         if sandbox.file_events:
             watcher = await WorkspaceWatcher(handle, run.on_file, root=hctx.cwd).start()
         translator = harness.translator(hctx)
-        process = await handle.process.spawn(plan.command, ProcessOptions(cwd=hctx.cwd, env=plan.env, signal=signal))
-        run.tasks.append(asyncio.ensure_future(_pump_stdout(process.stdout, translator, run)))
-        run.tasks.append(asyncio.ensure_future(_pump_stderr(process.stderr, run)))
-        if plan.stdin is not None and hctx.capabilities.writable_stdin:
-            with contextlib.suppress(Exception):  # an agent that exits at once closes its stdin
-                await process.stdin.write(plan.stdin)
-        with contextlib.suppress(Exception):
-            await process.stdin.end()
+        stdin = plan.stdin if hctx.capabilities.writable_stdin else None
+        journaled: asyncio.Task[tuple[int | None, str]] | None = None
+        if journal is not None:
+            paths = journal_paths(hctx.run_id, journal.dir)
+            if not journal.attach:
+                # No signal: a dropped request must not kill a durable agent; a cancel destroys the sandbox.
+                await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)
+            journaled = asyncio.ensure_future(_pump_journal(handle, paths, journal, translator, run, signal))
+        else:
+            process = await handle.process.spawn(
+                plan.command, ProcessOptions(cwd=hctx.cwd, env=plan.env, signal=signal)
+            )
+            run.tasks.append(asyncio.ensure_future(_pump_stdout(process.stdout, translator, run)))
+            run.tasks.append(asyncio.ensure_future(_pump_stderr(process.stderr, run)))
+            if stdin is not None:
+                with contextlib.suppress(Exception):  # an agent that exits at once closes its stdin
+                    await process.stdin.write(stdin)
+            with contextlib.suppress(Exception):
+                await process.stdin.end()
 
         while (item := await run.queue.get()) is not _DONE:
             for event in _events(item):
@@ -225,9 +278,17 @@ async def _drive(
                     held = held or event  # the terminal event waits for the diff
                     continue
                 yield event
-        exit_code = await process.wait()
-        await asyncio.gather(*run.tasks)
-        for event in translator.finish(exit_code, run.stderr_tail()):
+        if journaled is not None:
+            journal_exit, stderr_tail = await journaled
+            if journal_exit is None:
+                return  # the read was stopped (cancel or detach): the agent's end is not ours to report
+            exit_code = journal_exit
+        else:
+            assert process is not None
+            exit_code = await process.wait()
+            await asyncio.gather(*run.tasks)
+            stderr_tail = run.stderr_tail()
+        for event in translator.finish(exit_code, stderr_tail):
             if isinstance(event, (RunFinishedEvent, RunErrorEvent)):
                 held = held or event
             elif not isinstance(event, RunStartedEvent):
@@ -296,6 +357,49 @@ async def _pump_stdout(stdout: AsyncIterator[str], translator: Any, run: _Run) -
             log.warning("run %s: dropped %d agent output line(s) over the size limit", run.run_id, splitter.dropped)
     finally:
         run.queue.put_nowait(_DONE)
+
+
+async def _pump_journal(
+    handle: SandboxHandle,
+    paths: JournalPaths,
+    options: JournalOptions,
+    translator: Any,
+    run: _Run,
+    signal: AbortSignal | None,
+) -> tuple[int | None, str]:
+    """Translate the journal up to the exit sentinel; returns (exit code or None if stopped, stderr tail)."""
+    exit_code: int | None = None
+    try:
+        if options.attach:
+            await await_attachable_journal(handle, paths, run.run_id, runs=options.runs, signal=signal)
+        lines = read_journal(
+            handle,
+            paths,
+            signal=signal,
+            poll_interval_ms=options.poll_interval_ms,
+            first_byte_timeout_ms=options.first_byte_timeout_ms,
+            run_id=run.run_id,
+        )
+        async with contextlib.aclosing(lines):
+            async for entry in lines:
+                if not entry.line.strip():
+                    continue
+                exit_code = parse_exit_sentinel(entry.line, paths)
+                if exit_code is not None:
+                    break
+                run.queue.put_nowait(translator.feed(entry.line))
+    finally:
+        run.queue.put_nowait(_DONE)
+    if exit_code is None:
+        return None, ""
+    stderr = ""
+    if exit_code != 0:
+        with contextlib.suppress(Exception):
+            read = await handle.process.exec(journal_stderr_read_command(paths))
+            stderr = decode_base64_frame(read.stdout).decode("utf-8", "replace")
+    with contextlib.suppress(Exception):
+        await handle.process.exec(journal_cleanup_command(paths))
+    return exit_code, stderr
 
 
 async def _pump_stderr(stderr: AsyncIterator[str], run: _Run) -> None:
