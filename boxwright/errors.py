@@ -288,3 +288,62 @@ class DurableAttachNotSupportedError(BoxwrightError):
         self.adapter = adapter
         self.reason = reason
         super().__init__(f"harness {adapter!r} cannot attach to a durable run: {reason}")
+
+
+# A run id the stores refuse (empty, or a lone surrogate: decision 7) is the same error the journal raises.
+RunIdError = InvalidRunIdError
+
+
+class InvalidOffsetError(BoxwrightError, ValueError):
+    """A read offset was malformed, belongs to another run, or was never issued by this run's log (an HTTP 400)."""
+
+    def __init__(self, run_id: str, offset: object, reason: str) -> None:
+        self.run_id = run_id
+        self.offset = offset
+        self.reason = reason
+        shown = repr(offset) if len(repr(offset)) <= 80 else repr(offset)[:77] + "..."
+        super().__init__(f"invalid offset {shown} for run {run_id!r}: {reason}")
+
+
+class EpochFencedError(BoxwrightError):
+    """A superseded driver tried to write: the run's ``driver_epoch`` is no longer the one it holds."""
+
+    def __init__(self, run_id: str, held_epoch: int | None, stored_epoch: int | None, action: str) -> None:
+        self.run_id = run_id
+        self.held_epoch = held_epoch
+        self.stored_epoch = stored_epoch
+        self.action = action
+        stored = "no run record" if stored_epoch is None else f"driver epoch {stored_epoch}"
+        super().__init__(
+            f"{action} for run {run_id!r} refused: the writer holds driver epoch {held_epoch}, the store has {stored}"
+        )
+
+
+StaleDriverError = EpochFencedError
+
+
+class EventLogClosedError(BoxwrightError, RuntimeError):
+    """An append reached a run's event log after it was closed; a closed log never takes another event."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"the event log of run {run_id!r} is closed")
+
+
+class InvalidRunStatusError(BoxwrightError, ValueError):
+    """A run status outside running|interrupted|completed|failed|aborted, in a patch or read from a store."""
+
+    def __init__(self, run_id: str, status: object) -> None:
+        self.run_id = run_id
+        self.status = status
+        super().__init__(
+            f"run {run_id!r}: {status!r} is not a run status (running, interrupted, completed, failed, aborted)"
+        )
+
+
+class RunAlreadyDrivenError(BoxwrightError, RuntimeError):
+    """A RunController was asked to start a run it is still driving."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} is already being driven by this controller")

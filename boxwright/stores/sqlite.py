@@ -11,6 +11,9 @@ own token. A holder whose renewal finds the row gone or taken (it stalled past t
 lease and another process took the key over), or whose renewal fails, sees its
 ``LeaseSignal`` fire. Times are wall-clock epoch milliseconds, which every process on
 one machine shares.
+
+``SqliteRunStore`` and ``SqliteEventLog`` (``sqlite_run_backend(db)``) keep run records and
+run event logs in the same database (see ``boxwright.runs``).
 """
 
 from __future__ import annotations
@@ -22,15 +25,33 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiosqlite
+import msgspec
 
+from boxwright.abort import AbortSignal
 from boxwright.config import database_path
-from boxwright.errors import StoreClosedError
+from boxwright.errors import EventLogClosedError, InvalidRunStatusError, StoreClosedError
+from boxwright.events import Event, TokenUsage, decode_event, encode_event
+from boxwright.runs import (
+    START_OFFSET,
+    RunError,
+    RunPatch,
+    RunRecord,
+    check_epoch,
+    check_run_id,
+    format_offset,
+    is_run_status,
+    offset_never_issued,
+    parse_offset,
+    patch_changes,
+    wait_event_or_abort,
+)
 from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, InstanceRecord, Lease, LeaseSignal
 
 T = TypeVar("T")
@@ -370,3 +391,389 @@ class SqliteLockStore:
         wakeup = self._wakeups.pop(key, None)
         if wakeup is not None:
             wakeup.event.set()
+
+
+# -- runs and event logs --------------------------------------------------------------------------
+#
+# Records and logs live in one database so an append can check the run's driver epoch in the
+# same BEGIN IMMEDIATE transaction that writes it (decision 3). An event is stored as its
+# compact JSON under (log, seq); its offset is derived from (run id, seq), never stored.
+
+_RUNS_DDL = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    thread_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    error_message TEXT,
+    error_code TEXT,
+    usage TEXT,
+    sandbox_key TEXT,
+    detached_since INTEGER,
+    cancel_requested INTEGER,
+    driver_epoch INTEGER
+);
+CREATE INDEX IF NOT EXISTS runs_by_thread ON runs (thread_id, started_at);
+CREATE INDEX IF NOT EXISTS runs_detached ON runs (detached_since) WHERE detached_since IS NOT NULL;
+CREATE TABLE IF NOT EXISTS run_logs (
+    id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
+    closed INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS run_log_events (
+    log_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    event BLOB NOT NULL,
+    PRIMARY KEY (log_id, seq)
+) WITHOUT ROWID;
+"""
+
+_RUN_COLUMNS = (
+    "run_id, thread_id, status, started_at, updated_at, finished_at, error_message, error_code, usage, "
+    "sandbox_key, detached_since, cancel_requested, driver_epoch"
+)
+_usage_decoder = msgspec.json.Decoder(TokenUsage)
+
+
+def _run_from_row(row: Sequence[Any]) -> RunRecord:
+    (
+        run_id,
+        thread_id,
+        status,
+        started_at,
+        updated_at,
+        finished_at,
+        error_message,
+        error_code,
+        usage,
+        sandbox_key,
+        detached_since,
+        cancel_requested,
+        driver_epoch,
+    ) = row
+    if not is_run_status(status):
+        raise InvalidRunStatusError(run_id, status)
+    return RunRecord(
+        run_id=run_id,
+        thread_id=thread_id,
+        status=status,
+        started_at=started_at,
+        updated_at=updated_at,
+        finished_at=finished_at,
+        error=None if error_message is None else RunError(message=error_message, code=error_code),
+        usage=None if usage is None else _usage_decoder.decode(usage),
+        sandbox_key=sandbox_key,
+        detached_since=detached_since,
+        # NULL (never set) and 0 (explicitly False) are different answers.
+        cancel_requested=None if cancel_requested is None else bool(cancel_requested),
+        driver_epoch=driver_epoch,
+    )
+
+
+def _set_clause(changes: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    columns: list[str] = []
+    values: list[Any] = []
+    for name, value in changes.items():
+        if name == "error":
+            columns += ["error_message = ?", "error_code = ?"]
+            values += [None, None] if value is None else [value.message, value.code]
+        elif name == "usage":
+            columns.append("usage = ?")
+            values.append(None if value is None else msgspec.json.encode(value).decode())
+        elif name == "cancel_requested":
+            columns.append("cancel_requested = ?")
+            values.append(None if value is None else int(value))
+        else:
+            # None is written as NULL: dropping it would keep a value the caller meant to clear.
+            columns.append(f"{name} = ?")
+            values.append(value)
+    return columns, values
+
+
+class SqliteRunStore:
+    """Run records in the ``runs`` table of a shared ``SqliteDatabase``; every process on the file sees them."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def _query(self, sql: str, params: Sequence[Any]) -> list[RunRecord]:
+        await self._db.ensure_schema(_RUNS_DDL)
+        async with self._db.connection() as conn:
+            rows = list(await conn.execute_fetchall(sql, params))
+        return [_run_from_row(row) for row in rows]
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        found = await self._query(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (check_run_id(run_id),))
+        return found[0] if found else None
+
+    async def create_or_resume(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
+        check_run_id(run_id)
+        await self._db.ensure_schema(_RUNS_DDL)
+        now = _now_ms()
+        async with self._db.transaction() as conn:
+            # INSERT OR IGNORE, never an upsert: a finished run asked for again must stay finished.
+            await conn.execute(
+                "INSERT OR IGNORE INTO runs (run_id, thread_id, status, started_at, updated_at) "
+                "VALUES (?, ?, 'running', ?, ?)",
+                (run_id, thread_id, now if started_at is None else started_at, now),
+            )
+            rows = list(await conn.execute_fetchall(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)))
+        return _run_from_row(rows[0])
+
+    async def update(self, run_id: str, patch: RunPatch, *, expected_epoch: int | None = None) -> RunRecord | None:
+        changes = patch_changes(check_run_id(run_id), patch)
+        columns, values = _set_clause(changes)
+        columns.append("updated_at = ?")
+        values.append(_now_ms())
+        await self._db.ensure_schema(_RUNS_DDL)
+        async with self._db.transaction() as conn:
+            if expected_epoch is not None:
+                rows = list(await conn.execute_fetchall("SELECT driver_epoch FROM runs WHERE run_id = ?", (run_id,)))
+                if not rows:
+                    return None
+                check_epoch(run_id, expected_epoch, rows[0][0], "update")
+            rows = list(
+                await conn.execute_fetchall(
+                    f"UPDATE runs SET {', '.join(columns)} WHERE run_id = ? RETURNING {_RUN_COLUMNS}",
+                    (*values, run_id),
+                )
+            )
+        return _run_from_row(rows[0]) if rows else None
+
+    async def find_active_run(self, thread_id: str) -> RunRecord | None:
+        found = await self._query(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE thread_id = ? AND status = 'running' "
+            "ORDER BY started_at DESC, rowid DESC LIMIT 1",
+            (thread_id,),
+        )
+        return found[0] if found else None
+
+    async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
+        return await self._query(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE thread_id = ? ORDER BY started_at, rowid", (thread_id,)
+        )
+
+    async def list_reclaimable(self, now_ms: int, ttl_ms: int) -> list[RunRecord]:
+        return await self._query(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = 'running' AND detached_since IS NOT NULL "
+            "AND detached_since <= ? ORDER BY detached_since, rowid",
+            (now_ms - ttl_ms,),
+        )
+
+
+# How often a waiting reader's process looks for another process's commit (PRAGMA data_version):
+# from the first interval after a change, backing off to the last; delivery across processes
+# therefore takes at most about RUN_LOG_POLL_MAX_S plus one query.
+RUN_LOG_POLL_MIN_S = 0.02
+RUN_LOG_POLL_MAX_S = 0.05
+RUN_LOG_READ_PAGE = 1024
+
+_APPEND_STATE_SQL = (
+    "SELECT r.driver_epoch, l.id, l.closed, (SELECT MAX(seq) FROM run_log_events WHERE log_id = l.id) "
+    "FROM (SELECT ? AS run_id) AS q "
+    "LEFT JOIN runs AS r ON r.run_id = q.run_id LEFT JOIN run_logs AS l ON l.run_id = q.run_id"
+)
+_LOG_STATE_SQL = (
+    "SELECT id, closed, (SELECT MAX(seq) FROM run_log_events WHERE log_id = run_logs.id) FROM run_logs WHERE run_id = ?"
+)
+
+
+class _LogNotifier:
+    """Wakes the readers of one database in this process.
+
+    An append through this process's connection wakes them at once. Another process's commit
+    cannot call us, so while anyone waits one watcher task per database polls ``PRAGMA
+    data_version``, which changes exactly when another connection has committed: one cheap
+    query per interval however many readers wait.
+    """
+
+    def __init__(self) -> None:
+        self._changed: asyncio.Event | None = None
+        self._waiters = 0
+        self._watcher: asyncio.Task[None] | None = None
+
+    def generation(self) -> asyncio.Event:
+        # Taken BEFORE a reader queries, so a commit between its query and its wait still wakes it.
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait(self, db: SqliteDatabase, changed: asyncio.Event, signal: AbortSignal | None) -> bool:
+        self._waiters += 1
+        if self._watcher is None:
+            # The database is passed, not kept: this object is a weak-keyed value of that database.
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch(db), name=f"boxwright run-log watcher {db.path}"
+            )
+        try:
+            return await wait_event_or_abort(changed, signal)
+        finally:
+            self._waiters -= 1
+
+    async def _watch(self, db: SqliteDatabase) -> None:
+        try:
+            version = await self._data_version(db)
+            # A commit that landed after a reader's query but before this baseline would never differ from
+            # it: wake everyone once so they look again.
+            self.notify()
+            delay = RUN_LOG_POLL_MIN_S
+            while self._waiters:
+                await asyncio.sleep(delay)
+                current = await self._data_version(db)
+                if current != version:
+                    version = current
+                    self.notify()
+                    delay = RUN_LOG_POLL_MIN_S
+                else:
+                    delay = min(delay * 1.5, RUN_LOG_POLL_MAX_S)
+        except Exception:
+            # Readers query again and meet the error themselves (e.g. the database was closed).
+            self.notify()
+        finally:
+            self._watcher = None
+
+    @staticmethod
+    async def _data_version(db: SqliteDatabase) -> int:
+        async with db.connection() as conn:
+            rows = list(await conn.execute_fetchall("PRAGMA data_version"))
+        return int(rows[0][0])
+
+
+_notifiers: weakref.WeakKeyDictionary[SqliteDatabase, _LogNotifier] = weakref.WeakKeyDictionary()
+
+
+def _notifier(db: SqliteDatabase) -> _LogNotifier:
+    notifier = _notifiers.get(db)
+    if notifier is None:
+        notifier = _notifiers[db] = _LogNotifier()
+    return notifier
+
+
+class SqliteEventLog:
+    """Run event logs in a shared ``SqliteDatabase``, readable and writable from every process on the file.
+
+    Readers in this process are woken by an append at once; readers in other processes notice
+    it within about 50 ms (see ``_LogNotifier``). Appends are fenced on the ``runs`` table of the
+    same database, so give ``SqliteRunStore`` the same ``SqliteDatabase`` (``sqlite_run_backend``).
+    """
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+        self._notifier = _notifier(db)
+
+    async def append(self, run_id: str, events: Sequence[Event], *, epoch: int | None = None) -> list[str]:
+        check_run_id(run_id)
+        if not events:
+            return []
+        blobs = [encode_event(event) for event in events]
+        await self._db.ensure_schema(_RUNS_DDL)
+        async with self._db.transaction() as conn:
+            state = list(await conn.execute_fetchall(_APPEND_STATE_SQL, (run_id,)))
+            driver_epoch, log_id, closed, last_seq = state[0]
+            if epoch is not None:
+                check_epoch(run_id, epoch, driver_epoch, "append")
+            if log_id is None:
+                created = list(
+                    await conn.execute_fetchall("INSERT INTO run_logs (run_id) VALUES (?) RETURNING id", (run_id,))
+                )
+                log_id = created[0][0]
+            elif closed:
+                raise EventLogClosedError(run_id)
+            first = (last_seq or 0) + 1
+            await conn.executemany(
+                "INSERT INTO run_log_events (log_id, seq, event) VALUES (?, ?, ?)",
+                [(log_id, first + i, blob) for i, blob in enumerate(blobs)],
+            )
+        self._notifier.notify()
+        return [format_offset(run_id, seq) for seq in range(first, first + len(blobs))]
+
+    async def _state(self, run_id: str) -> tuple[int | None, bool, int]:
+        await self._db.ensure_schema(_RUNS_DDL)
+        async with self._db.connection() as conn:
+            rows = list(await conn.execute_fetchall(_LOG_STATE_SQL, (run_id,)))
+        if not rows:
+            return None, False, 0
+        log_id, closed, last_seq = rows[0]
+        return log_id, bool(closed), last_seq or 0
+
+    async def _fetch(self, run_id: str, after: int) -> tuple[bool, list[tuple[int, bytes]]]:
+        async with self._db.connection() as conn:
+            state = list(await conn.execute_fetchall(_LOG_STATE_SQL, (run_id,)))
+            if not state:
+                return False, []
+            log_id, closed, last_seq = state[0]
+            # Closed was read first: a closed log takes no more appends, so these rows are all there is.
+            if (last_seq or 0) <= after:
+                return bool(closed), []
+            rows = await conn.execute_fetchall(
+                "SELECT seq, event FROM run_log_events WHERE log_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (log_id, after, RUN_LOG_READ_PAGE),
+            )
+        return bool(closed), [(seq, event) for seq, event in rows]
+
+    async def read(
+        self, run_id: str, after: str = START_OFFSET, *, signal: AbortSignal | None = None, live: bool = True
+    ) -> AsyncIterator[tuple[str, Event]]:
+        position = parse_offset(check_run_id(run_id), after)
+        if position != 0:
+            _, _, last_seq = await self._state(run_id)
+            if position is None:
+                position = last_seq
+            elif position > last_seq:
+                raise offset_never_issued(run_id, after, last_seq)
+        await self._db.ensure_schema(_RUNS_DDL)
+        while signal is None or not signal.aborted:
+            changed = self._notifier.generation()
+            closed, rows = await self._fetch(run_id, position)
+            for seq, blob in rows:
+                position = seq
+                yield format_offset(run_id, seq), decode_event(blob)
+                if signal is not None and signal.aborted:
+                    return
+            if len(rows) == RUN_LOG_READ_PAGE:
+                continue
+            if closed or not live:
+                return
+            if not await self._notifier.wait(self._db, changed, signal):
+                return
+
+    async def snapshot(self, run_id: str, limit: int | None = None) -> list[Event]:
+        check_run_id(run_id)
+        await self._db.ensure_schema(_RUNS_DDL)
+        async with self._db.connection() as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT e.event FROM run_logs AS l JOIN run_log_events AS e ON e.log_id = l.id "
+                "WHERE l.run_id = ? ORDER BY e.seq LIMIT ?",
+                (run_id, -1 if limit is None else max(limit, 0)),
+            )
+        return [decode_event(blob) for (blob,) in rows]
+
+    async def tail(self, run_id: str) -> str:
+        _, _, last_seq = await self._state(check_run_id(run_id))
+        return format_offset(run_id, last_seq)
+
+    async def close(self, run_id: str) -> None:
+        check_run_id(run_id)
+        await self._db.ensure_schema(_RUNS_DDL)
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO run_logs (run_id, closed) VALUES (?, 1) ON CONFLICT(run_id) DO UPDATE SET closed = 1",
+                (run_id,),
+            )
+        self._notifier.notify()
+
+    async def is_closed(self, run_id: str) -> bool:
+        _, closed, _ = await self._state(check_run_id(run_id))
+        return closed
+
+
+def sqlite_run_backend(db: SqliteDatabase) -> tuple[SqliteRunStore, SqliteEventLog]:
+    """A run store and an event log on one database, so appends are fenced on the store's epochs."""
+    return SqliteRunStore(db), SqliteEventLog(db)
