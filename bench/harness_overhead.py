@@ -21,16 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from boxwright.agent import run_agent  # noqa: E402
-from boxwright.definition import Lifecycle, define_sandbox  # noqa: E402
-from boxwright.events import RunFinishedEvent, create_run_scoped_id_gen  # noqa: E402
-from boxwright.harnesses.base import HarnessContext  # noqa: E402
-from boxwright.harnesses.claude_code import claude_code  # noqa: E402
-from boxwright.providers import local_process_sandbox  # noqa: E402
-from boxwright.providers.local_process import CAPABILITIES  # noqa: E402
-from boxwright.stores.memory import MemoryInstanceStore  # noqa: E402
-from tests.fixtures import find_claude  # noqa: E402
-from tests.fixtures.fake_model import FakeModelServer, Text  # noqa: E402
+from boxwright.agent import run_agent
+from boxwright.definition import Lifecycle, define_sandbox
+from boxwright.events import RunFinishedEvent, create_run_scoped_id_gen
+from boxwright.harnesses.base import HarnessContext
+from boxwright.harnesses.claude_code import claude_code
+from boxwright.providers import local_process_sandbox
+from boxwright.providers.local_process import CAPABILITIES
+from boxwright.stores.memory import MemoryInstanceStore
+from tests.fixtures import find_claude
+from tests.fixtures.fake_model import FakeModelServer, Text
 
 PROMPT = "[[script:hello]] say hello"
 
