@@ -15,14 +15,25 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from .abort import AbortSignal
 from .auth import AuthMode
 from .definition import EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
-from .events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, create_run_scoped_id_gen
+from .events import (
+    CustomEvent,
+    Event,
+    RunErrorEvent,
+    RunFinishedEvent,
+    RunStartedEvent,
+    create_run_scoped_id_gen,
+    decode_event,
+    encode_event,
+)
 from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
 from .journal import (
@@ -42,7 +53,7 @@ from .journal import (
 )
 from .projection import TARGETS, project_workspace, projection_for
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
-from .secrets import redact, register_secret_values
+from .secrets import MASK, redact, register_secret_values, resolve_all_secrets
 from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
 from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
@@ -85,6 +96,31 @@ async def _remove_files(handle: SandboxHandle, files: Sequence[str], cwd: str) -
     if files:
         with contextlib.suppress(Exception):
             await handle.process.exec("rm -f " + " ".join(quote(p) for p in files), ProcessOptions(cwd=cwd))
+
+
+class _Scrubber:
+    """Masks this run's secret values in its events: an agent that prints its env must not publish it."""
+
+    def __init__(self) -> None:
+        self._needles: dict[str, str] = {}
+
+    def add(self, values: Iterable[str]) -> None:
+        for value in values:
+            if value:
+                # As the value appears inside encoded JSON, raw and escaped.
+                self._needles[value] = MASK
+                escaped = msgspec.json.encode(value).decode()[1:-1]
+                self._needles[escaped] = MASK
+
+    def __call__(self, event: Event) -> Event:
+        if not self._needles:
+            return event
+        raw = encode_event(event).decode()
+        if not any(needle in raw for needle in self._needles):
+            return event
+        for needle in sorted(self._needles, key=len, reverse=True):
+            raw = raw.replace(needle, MASK)
+        return decode_event(raw)
 
 
 @dataclass(frozen=True)
@@ -195,9 +231,12 @@ async def run_agent(
                 host_env=dict(os.environ if host_env is None else host_env),
                 file_suffix=file_suffix(run_id),
             )
-            drive = _drive(sandbox, scope.handle, harness, hctx, frame, signal, tools or (), bridge, journal)
+            scrub = _Scrubber()
+            if sandbox.workspace is not None:
+                scrub.add(resolve_all_secrets(sandbox.workspace.secrets).values())
+            drive = _drive(sandbox, scope.handle, harness, hctx, frame, signal, tools or (), bridge, journal, scrub)
             async for event in drive:
-                yield event
+                yield scrub(event)
     except Exception as exc:
         # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
         log.warning("run %s failed: %s", run_id, exc)
@@ -225,6 +264,7 @@ async def _drive(
     tools: Sequence[Tool],
     bridge: HostToolBridge | None,
     journal: JournalOptions | None = None,
+    scrub: _Scrubber | None = None,
 ) -> AsyncIterator[Event]:
     if sandbox.workspace is not None and harness.name in TARGETS:
         await project_workspace(handle, projection_for(sandbox.workspace, sandbox.workspace_hash()), harness.name)
@@ -239,9 +279,13 @@ async def _drive(
             hctx.run_id, tools, thread_id=hctx.thread_id, signal=signal, emit_custom_event=run.on_bridge_event
         )
         register_secret_values([registration.token])
+        if scrub is not None:
+            scrub.add([registration.token])
         hctx.bridge = BridgeConfig(url=registration.url, token=registration.token)
     plan: HarnessPlan = harness.plan(hctx)
     register_secret_values(plan.secrets)
+    if scrub is not None:
+        scrub.add(plan.secrets)
     watcher: WorkspaceWatcher | None = None
     held: Event | None = None
     process: SpawnHandle | None = None
