@@ -25,11 +25,13 @@ from boxwright.definition import (
 )
 from boxwright.errors import SandboxCommandError, SetupStepError, UnsupportedCapabilityError
 from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
+from boxwright.providers.bubblewrap import probe
 from boxwright.secrets import create_secrets
 from boxwright.stores.memory import MemoryInstanceStore, MemoryLockStore
 from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database
 from boxwright.workspace import define_workspace, git_skill, git_source
 from tests.support.providers import SnapshottingProvider, SpyProvider
+from tests.support.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,8 +116,17 @@ def test_a28_key_is_stable_and_changes_with_what_identifies_the_sandbox(tmp_path
 # -- A29-A32: ensure ------------------------------------------------------------------------------
 
 
-def test_a29_first_ensure_creates_and_bootstraps_second_resumes(tmp_path: Path, repo: Path) -> None:
-    spy = SpyProvider(local_process_sandbox(base_dir=tmp_path / "sb"))
+def _real_provider(kind: str, base: Path, binds: list[str]) -> object:
+    if kind == "local-process":
+        return local_process_sandbox(base_dir=base)
+    if not probe().available:
+        missing(f"bubblewrap: {probe().reason}")
+    return bubblewrap_sandbox(base_dir=base, ro_binds=binds)
+
+
+@pytest.mark.parametrize("kind", ["local-process", "bubblewrap"])
+def test_a29_first_ensure_creates_and_bootstraps_second_resumes(kind: str, tmp_path: Path, repo: Path) -> None:
+    spy = SpyProvider(_real_provider(kind, tmp_path / "sb", [str(repo)]))
     ws = define_workspace(source=git_source(f"file://{repo}"), setup=["echo ran >> setup.log"])
     definition = define_sandbox("agent", spy, ws)
     store, locks = MemoryInstanceStore(), MemoryLockStore()
@@ -285,11 +296,12 @@ def test_two_processes_ensuring_one_thread_over_one_sqlite_file_create_exactly_o
 # -- bad input: clear errors, nothing half-created left -------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["local-process", "bubblewrap"])
 @pytest.mark.parametrize(
     "case",
     ["bad-url", "missing-ref", "failing-setup", "unfetchable-skill"],
 )
-def test_bad_input_is_a_clear_error_and_leaves_no_sandbox(tmp_path: Path, repo: Path, case: str) -> None:
+def test_bad_input_is_a_clear_error_and_leaves_no_sandbox(kind: str, tmp_path: Path, repo: Path, case: str) -> None:
     workspaces = {
         "bad-url": (define_workspace(source=git_source(f"file://{tmp_path}/no-such-repo")), "git clone"),
         "missing-ref": (define_workspace(source=git_source(f"file://{repo}", ref="no-such-ref")), "no-such-ref"),
@@ -301,7 +313,7 @@ def test_bad_input_is_a_clear_error_and_leaves_no_sandbox(tmp_path: Path, repo: 
     }
     ws, expected = workspaces[case]
     base = tmp_path / "sb"
-    spy = SpyProvider(local_process_sandbox(base_dir=base))
+    spy = SpyProvider(_real_provider(kind, base, [str(repo), str(tmp_path)]))
     definition = define_sandbox("agent", spy, ws)
     store = MemoryInstanceStore()
 
