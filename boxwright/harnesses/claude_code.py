@@ -23,7 +23,7 @@ from typing import Any, Literal
 import msgspec
 
 from .. import shell
-from ..auth import AuthMode, harness_auth_env, resolve_auth_mode
+from ..auth import AuthMode, harness_auth_env, resolve_auth_mode, scrub_env_for
 from ..events import (
     CustomEvent,
     Event,
@@ -153,9 +153,12 @@ class ClaudeCodeHarness:
             stdin = None
         env = self._env(ctx, mode)
         secrets += [value for name, value in env.items() if name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")]
-        return HarnessPlan(
-            command=" ".join(parts), stdin=stdin, env=env, files=files, secrets=list(dict.fromkeys(secrets))
-        )
+        command = " ".join(parts)
+        scrub = scrub_env_for(NAME, resolve_auth_mode(ctx.auth_mode, self.auth_mode))
+        if scrub:
+            # Host login: keys inherited from the host env (local-process) must not override it; unset, not blank.
+            command = f"unset {' '.join(scrub)}; {command}"
+        return HarnessPlan(command=command, stdin=stdin, env=env, files=files, secrets=list(dict.fromkeys(secrets)))
 
     def _env(self, ctx: HarnessContext, mode: str) -> dict[str, str]:
         host = ctx.host_env

@@ -1120,3 +1120,32 @@ def test_real_claude_runs_the_plan_and_the_translator_reads_it(tmp_path: Path) -
     assert "otters" in str(only(events, ToolCallResultEvent)[1].content)
     assert "".join(e.delta for e in only(events, TextMessageContentEvent)) == "Done."
     assert events[-1].type == "RUN_FINISHED" and translator.skipped_lines == 0
+
+
+def test_host_auth_unsets_inherited_keys_so_the_cli_login_wins() -> None:
+    import subprocess
+
+    from boxwright.providers.local_process import CAPABILITIES as LOCAL
+
+    ctx = HarnessContext(
+        run_id="r",
+        thread_id="t",
+        prompt="hi",
+        system_prompt=None,
+        capabilities=LOCAL,
+        provider="local-process",
+        gen_id=lambda: "x",
+        host_env={"ANTHROPIC_API_KEY": "sk-host"},
+    )
+    host = claude_code(executable="env", auth_mode="host").plan(ctx)
+    assert "ANTHROPIC_API_KEY" not in host.env
+    # Run the planned command line for real (`env` stands in for claude): the inherited key is gone.
+    out = subprocess.run(
+        ["sh", "-c", host.command.replace(" -p ", " ").split(" --setting-sources")[0]],
+        env={"ANTHROPIC_API_KEY": "sk-host", "ANTHROPIC_AUTH_TOKEN": "tok", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "ANTHROPIC_API_KEY" not in out and "ANTHROPIC_AUTH_TOKEN" not in out and "PATH=" in out
+    api = claude_code(executable="env").plan(ctx)
+    assert api.env["ANTHROPIC_API_KEY"] == "sk-host" and not api.command.startswith("unset")
