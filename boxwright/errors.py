@@ -347,3 +347,67 @@ class RunAlreadyDrivenError(BoxwrightError, RuntimeError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"run {run_id!r} is already being driven by this controller")
+
+
+class RunThreadMismatchError(BoxwrightError, ValueError):
+    """A run id already names a run of another thread (an HTTP 409): one run id, one thread."""
+
+    def __init__(self, run_id: str, thread_id: str, existing_thread_id: str) -> None:
+        self.run_id = run_id
+        self.thread_id = thread_id
+        self.existing_thread_id = existing_thread_id
+        super().__init__(f"run {run_id!r} belongs to another thread, not to {thread_id!r}")
+
+
+class RunClaimNotAcquiredError(BoxwrightError):
+    """A driver could not claim a run: ``unknown``, already ``terminal``, or ``superseded`` (its viewer came back)."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"run {run_id!r} was not claimed: {reason}")
+
+
+class RunClaimLostError(EpochFencedError):
+    """A claim holder was superseded mid-drive: its epoch moved on (``observed_epoch``) or its lease was lost.
+
+    An ``EpochFencedError``, so ``pipe_to_run_log`` stops at once and writes nothing more for it.
+    """
+
+    def __init__(self, run_id: str, held_epoch: int, observed: int | str | None) -> None:
+        self.run_id = run_id
+        self.held_epoch = held_epoch
+        self.observed_epoch = observed
+        self.stored_epoch = observed if isinstance(observed, int) else None
+        self.action = "write"
+        seen = "the lease was lost" if observed == "lease-lost" else f"the store has driver epoch {observed}"
+        BoxwrightError.__init__(self, f"run {run_id!r}: the claim at driver epoch {held_epoch} is lost: {seen}")
+
+
+class RunDriverPipeOutsideClaimError(BoxwrightError, RuntimeError):
+    """``pipe`` of a run driver was called while no claim on that run is held: there is no epoch to fence with."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r}: pipe was called outside its claim (call it from inside driver.claim)")
+
+
+class RunLogNotQuiescentError(BoxwrightError, TimeoutError):
+    """A run's event log kept growing: another writer is still live, so a successor must not append."""
+
+    def __init__(self, run_id: str, quiet_ms: float, probes: int) -> None:
+        self.run_id = run_id
+        self.quiet_ms = quiet_ms
+        self.probes = probes
+        super().__init__(f"the event log of run {run_id!r} did not stay still for {quiet_ms}ms in {probes} probes")
+
+
+class SandboxReclaimFailedError(BoxwrightError):
+    """The sandbox of a finished run could not be destroyed: it is still up (and billed)."""
+
+    def __init__(self, run_id: str, sandbox_key: str, detail: str = "") -> None:
+        self.run_id = run_id
+        self.sandbox_key = sandbox_key
+        super().__init__(
+            f"could not reclaim sandbox {sandbox_key!r} of run {run_id!r}" + (f": {detail}" if detail else "")
+        )

@@ -1,0 +1,383 @@
+"""The in-app shape: a service that drives runs in the background, and the ASGI glue around it.
+
+``SandboxService`` starts ``run_agent`` runs whose events go into an ``EventLog`` through a
+``RunController``: the run is a task of its own, so the request that started it, and every
+client tailing it, may come and go without touching it. Stopping a run is an explicit cancel
+(both bands: the durable ``cancel_requested`` flag and the in-process abort with
+``RUN_CANCEL_REASON``), which also destroys its sandbox whatever the lifecycle says.
+
+``SandboxMiddleware`` only puts the service on ``request.state.boxwright``; ``sandbox_routes``
+offers ready-made routes (trigger, tail, cancel, record) for apps that want them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from boxwright.abort import AbortController
+from boxwright.agent import JournalOptions, run_agent
+from boxwright.definition import SandboxDefinition
+from boxwright.errors import InvalidRunIdError, RunThreadMismatchError
+from boxwright.events import now_ms
+from boxwright.harnesses.base import Harness, Message
+from boxwright.runs import (
+    RUN_CANCEL_REASON,
+    EventLog,
+    RunController,
+    RunHandle,
+    RunPatch,
+    RunRecord,
+    RunStore,
+    check_run_id,
+    is_terminal_status,
+    request_run_cancel,
+    was_cancel_requested,
+)
+from boxwright.secrets import redact
+from boxwright.stores.base import LockStore, SandboxInstanceStore
+from boxwright.tool_bridge.tools import Tool
+
+from .delivery import json_response, long_poll_response, sse_response, websocket_tail
+
+log = logging.getLogger("boxwright.middleware")
+
+STATE_KEY: Final = "boxwright"
+MAX_TRIGGER_BODY: Final = 2 * 1024 * 1024
+# What a client may choose as a run id: it lands in URLs, headers and logs (coordinator R37).
+_CLIENT_RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class RecordDurability:
+    """``definition.RunDurability`` over one run's record: what a dropped driver consults.
+
+    A recorded cancel means destroy; otherwise the detach is stamped (``detached_since``, the
+    sandbox key) so a reaper or a successor can find the sandbox. A stamp that lands nowhere
+    (no record) raises, so the sandbox is destroyed rather than leaked.
+    """
+
+    def __init__(self, runs: RunStore, run_id: str) -> None:
+        self._runs = runs
+        self._run_id = run_id
+
+    async def cancel_requested(self) -> bool:
+        return await was_cancel_requested(self._runs, self._run_id)
+
+    async def stamp_detached(self, sandbox_key: str) -> None:
+        written = await self._runs.update(self._run_id, RunPatch(detached_since=now_ms(), sandbox_key=sandbox_key))
+        if written is None:
+            raise LookupError(f"run {self._run_id!r} has no record to stamp its detach on")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run factory decides for one ``POST /runs``: where and how the agent runs."""
+
+    sandbox: SandboxDefinition
+    harness: Harness
+    tools: Sequence[Tool] | None = None
+    durable: bool = True
+
+
+class StartRunRequest(msgspec.Struct, rename="camel", kw_only=True):
+    """The body of ``POST /runs``."""
+
+    prompt: str
+    thread_id: str
+    run_id: str | None = None
+
+
+RunChoice: TypeAlias = RunSpec | tuple[SandboxDefinition, Harness]
+RunFactory: TypeAlias = Callable[[StartRunRequest], RunChoice | Awaitable[RunChoice]]
+
+
+class SandboxService:
+    """Starts, tails and cancels agent runs for one app; one per process, shared by every request.
+
+    ``factory`` serves ``POST /runs`` (``sandbox_routes``); ``store`` and ``locks`` are handed
+    to ``run_agent`` for sandbox reuse (defaults: the process-wide ones).
+    """
+
+    def __init__(
+        self,
+        runs: RunStore,
+        log: EventLog,
+        *,
+        locks: LockStore | None = None,
+        store: SandboxInstanceStore | None = None,
+        factory: RunFactory | None = None,
+    ) -> None:
+        self.runs = runs
+        self.log = log
+        self.factory = factory
+        self._locks = locks
+        self._store = store
+        self._controller = RunController(runs, log)
+        # Runs driven by this process: their in-process cancel band, and the task once started.
+        self._driving: dict[str, tuple[AbortController, RunHandle | None]] = {}
+
+    async def start_run(
+        self,
+        sandbox: SandboxDefinition,
+        harness: Harness,
+        messages: Sequence[Message] | str,
+        *,
+        thread_id: str,
+        run_id: str | None = None,
+        tools: Sequence[Tool] | None = None,
+        durable: bool = True,
+    ) -> str:
+        """Record the run and start driving it in the background; returns its id at once.
+
+        ``durable`` journals the agent in its sandbox (it outlives this process) and lets a
+        dropped driver detach instead of destroying. A run id that already has a record starts
+        nothing (a retried trigger); one of another thread raises ``RunThreadMismatchError``.
+        """
+        run_id = check_run_id(run_id or uuid.uuid4().hex)
+        existing = await self.runs.get(run_id)
+        if existing is not None:
+            if existing.thread_id != thread_id:
+                raise RunThreadMismatchError(run_id, thread_id, existing.thread_id)
+            return run_id
+        if run_id in self._driving:
+            return run_id
+        abort = AbortController()
+        self._driving[run_id] = (abort, None)  # claimed before the first await below: one drive per id
+        try:
+            # The record exists before any provisioning, so a cancel or a tail finds the run at once.
+            await self.runs.create_or_resume(run_id, thread_id)
+        except BaseException:
+            del self._driving[run_id]
+            raise
+        events = run_agent(
+            sandbox,
+            harness,
+            messages,
+            thread_id=thread_id,
+            run_id=run_id,
+            tools=tools,
+            signal=abort.signal,
+            store=self._store,
+            locks=self._locks,
+            journal=JournalOptions() if durable else None,
+            durability=RecordDurability(self.runs, run_id) if durable else None,
+        )
+        handle = self._controller.start(events, run_id, thread_id, signal=abort.signal)
+        self._driving[run_id] = (abort, handle)
+        handle.done.add_done_callback(functools.partial(self._forget, run_id, abort))
+        return run_id
+
+    def _forget(self, run_id: str, abort: AbortController, _task: object) -> None:
+        entry = self._driving.get(run_id)
+        if entry is not None and entry[0] is abort:
+            del self._driving[run_id]
+
+    @property
+    def active_runs(self) -> list[str]:
+        """Ids of the runs this process is driving now."""
+        return list(self._driving)
+
+    async def cancel_run(self, run_id: str) -> RunRecord | None:
+        """Stop ``run_id`` for good: record the cancel, abort it here if it runs here.
+
+        The sandbox is destroyed (the abort reason is the cancel reason, and the record says
+        so for a driver elsewhere). Returns the record (``None`` for an unknown run); a
+        terminal run is left as it is.
+        """
+        record = await self.runs.get(check_run_id(run_id))
+        if record is None or is_terminal_status(record.status):
+            return record
+        # Durable band first: a driver on another host only ever sees this one.
+        record = await request_run_cancel(self.runs, run_id) or record
+        entry = self._driving.get(run_id)
+        if entry is not None:
+            entry[0].abort(RUN_CANCEL_REASON)
+        return record
+
+    async def wait_run(self, run_id: str) -> RunRecord | None:
+        """The final record of a run driven here once it ends; the stored record otherwise."""
+        entry = self._driving.get(run_id)
+        if entry is not None and entry[1] is not None:
+            return await entry[1].done
+        return await self.runs.get(run_id)
+
+    async def events_response(self, run_id: str, request: Request) -> Response:
+        """SSE tail of ``run_id`` from the request's ``Last-Event-ID`` / ``?offset=``."""
+        return await sse_response(self.log, self.runs, run_id, request)
+
+    async def poll_response(self, run_id: str, request: Request) -> Response:
+        """Long-poll page of ``run_id`` after ``?offset=``."""
+        return await long_poll_response(self.log, self.runs, run_id, request)
+
+    async def websocket(self, websocket: WebSocket, run_id: str) -> None:
+        """WebSocket tail of ``run_id``."""
+        await websocket_tail(websocket, self.log, self.runs, run_id)
+
+    async def aclose(self, *, cancel: bool = False) -> None:
+        """Wait for every run driven here to end; ``cancel=True`` cancels them first. Never raises."""
+        if cancel:
+            for run_id in list(self._driving):
+                try:
+                    await self.cancel_run(run_id)
+                except Exception as exc:
+                    log.error("run %r: could not cancel it at shutdown: %s", run_id, exc)
+        await self._controller.drain()
+
+    drain = aclose
+
+
+class SandboxMiddleware:
+    """Pure ASGI middleware: ``request.state.boxwright`` (and ``websocket.state``) is the service."""
+
+    def __init__(self, app: ASGIApp, service: SandboxService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            # A new dict: the server may share the lifespan state between requests.
+            scope = {**scope, "state": {**scope.get("state", {}), STATE_KEY: self.service}}
+        await self.app(scope, receive, send)
+
+
+# -- routes ---------------------------------------------------------------------------------------
+
+
+def _error(status: int, message: str, code: str) -> Response:
+    return json_response(status, {"error": message, "code": code})
+
+
+async def _spec_for(service: SandboxService, body: StartRunRequest) -> RunSpec:
+    assert service.factory is not None
+    made: Any = service.factory(body)
+    if inspect.isawaitable(made):
+        made = await made
+    if isinstance(made, RunSpec):
+        return made
+    sandbox, harness = made
+    return RunSpec(sandbox=sandbox, harness=harness)
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    # Read by chunks: a client must not make us buffer an arbitrarily large body to refuse it.
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode_trigger(request: Request, raw: bytes) -> StartRunRequest | Response:
+    try:
+        body = msgspec.json.decode(raw, type=StartRunRequest)
+    except msgspec.ValidationError as exc:
+        return _error(400, f"invalid body: {exc}", "invalid_body")
+    except msgspec.DecodeError:
+        return _error(400, "body must be valid JSON", "invalid_body")
+    if not body.prompt.strip():
+        return _error(400, "prompt must be a non-empty string", "invalid_body")
+    if not body.thread_id:
+        return _error(400, "threadId must be a non-empty string", "invalid_body")
+    run_id = request.headers.get("x-run-id") or body.run_id
+    if run_id is not None and not _CLIENT_RUN_ID.fullmatch(run_id):
+        return _error(400, "a run id is 1-128 characters of [A-Za-z0-9._:-]", "invalid_run_id")
+    return msgspec.structs.replace(body, run_id=run_id)
+
+
+def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
+    """Routes over ``service``: ``POST /runs``, ``GET /runs/{id}``, ``GET /runs/{id}/events`` (SSE),
+    ``GET /runs/{id}/poll`` (long-poll), ``WS /runs/{id}/ws``, ``POST /runs/{id}/cancel``.
+
+    Mount them behind the app's own authentication: they authorize nothing themselves.
+    """
+
+    async def trigger(request: Request) -> Response:
+        if service.factory is None:
+            return _error(501, "this service was given no run factory", "no_factory")
+        raw = await _bounded_body(request, MAX_TRIGGER_BODY)
+        if raw is None:
+            return _error(413, "body over 2 MiB", "too_large")
+        body = _decode_trigger(request, raw)
+        if isinstance(body, Response):
+            return body
+        try:
+            spec = await _spec_for(service, body)
+            run_id = await service.start_run(
+                spec.sandbox,
+                spec.harness,
+                body.prompt,
+                thread_id=body.thread_id,
+                run_id=body.run_id,
+                tools=spec.tools,
+                durable=spec.durable,
+            )
+        except RunThreadMismatchError as exc:
+            return _error(409, str(exc), "thread_mismatch")
+        except InvalidRunIdError as exc:
+            return _error(400, str(exc), "invalid_run_id")
+        except Exception as exc:
+            log.error("could not start a run: %s", redact(f"{type(exc).__name__}: {exc}"))
+            return _error(500, "could not start the run", "start_failed")
+        return json_response(202, {"runId": run_id})
+
+    async def record(request: Request) -> Response:
+        found = await service.runs.get(request.path_params["run_id"])
+        if found is None:
+            return _error(404, "unknown run", "unknown_run")
+        return Response(msgspec.json.encode(found), media_type="application/json")
+
+    async def events(request: Request) -> Response:
+        return await service.events_response(request.path_params["run_id"], request)
+
+    async def poll(request: Request) -> Response:
+        return await service.poll_response(request.path_params["run_id"], request)
+
+    async def tail(websocket: WebSocket) -> None:
+        await service.websocket(websocket, websocket.path_params["run_id"])
+
+    async def cancel(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        before = await service.runs.get(run_id)
+        if before is None:
+            return _error(404, "unknown run", "unknown_run")
+        if is_terminal_status(before.status):
+            return json_response(200, {"runId": run_id, "status": before.status, "cancelRequested": False})
+        await service.cancel_run(run_id)
+        return json_response(202, {"runId": run_id, "cancelRequested": True})
+
+    return [
+        Route("/runs", trigger, methods=["POST"]),
+        Route("/runs/{run_id}", record, methods=["GET"]),
+        Route("/runs/{run_id}/events", events, methods=["GET"]),
+        Route("/runs/{run_id}/poll", poll, methods=["GET"]),
+        WebSocketRoute("/runs/{run_id}/ws", tail),
+        Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+    ]
+
+
+__all__ = [
+    "RecordDurability",
+    "RunChoice",
+    "RunFactory",
+    "RunSpec",
+    "SandboxMiddleware",
+    "SandboxService",
+    "StartRunRequest",
+    "sandbox_routes",
+]

@@ -1,0 +1,223 @@
+"""SandboxMiddleware, SandboxService and sandbox_routes: the in-app deployment shape, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+from websockets.asyncio.client import connect
+
+from boxwright.definition import define_sandbox
+from boxwright.harnesses.command import command_harness
+from boxwright.middleware import SandboxMiddleware, SandboxService, sandbox_routes
+from boxwright.providers import local_process_sandbox
+from boxwright.secrets import register_secret_values
+from boxwright.stores.memory import MemoryInstanceStore, memory_run_backend
+from tests.integration.test_delivery_sse import (
+    agent_script,
+    expected_text,
+    read_sse,
+    run_async,
+    running_stack,
+    sse_messages,
+)
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+async def _until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def test_cancel_route_aborts_the_run_and_destroys_its_sandbox(tmp_path: Path) -> None:
+    marker = f"41.{random.randrange(10**6, 10**7)}"  # a sleep duration no other process has
+
+    async def main() -> None:
+        async with running_stack(tmp_path) as stack:
+            # A completed run keeps its sandbox (destroy_on_complete is off) ...
+            kept = await stack.start(agent_script(1, 0))
+            assert (await stack.service.wait_run(kept)).status == "completed"  # type: ignore[union-attr]
+            kept_dirs = set(os.listdir(stack.sandboxes))
+            assert len(kept_dirs) == 1
+            # ... a cancelled one loses it, and its agent, whatever the lifecycle says.
+            run_id = await stack.start(agent_script(2, 0, then=f"sleep {marker}"))
+            tail = asyncio.ensure_future(read_sse(stack.client, f"/runs/{run_id}/events"))
+            await _until(lambda: _processes_with(marker), 15, "the agent to start sleeping")
+            assert len(os.listdir(stack.sandboxes)) == 2
+
+            response = await stack.client.post(f"/runs/{run_id}/cancel")
+            assert response.status_code == 202 and response.json() == {"runId": run_id, "cancelRequested": True}
+            events, status = await asyncio.wait_for(tail, 15)
+            assert status is not None
+            assert status.json()["status"] == "aborted" and status.json()["error"]["code"] == "cancelled"
+            assert events[-1].json()["type"] == "RUN_ERROR" and events[-1].json()["code"] == "cancelled"
+            record = (await stack.client.get(f"/runs/{run_id}")).json()
+            assert record["status"] == "aborted" and record["cancelRequested"] is True
+            assert "finishedAt" in record and "cancel_requested" not in record
+            assert set(os.listdir(stack.sandboxes)) == kept_dirs, "the cancelled run's sandbox directory is gone"
+            await _until(lambda: not _processes_with(marker), 5, "the agent to be killed")
+            assert run_id not in stack.service.active_runs
+
+            # Cancelling a finished run changes nothing.
+            again = await stack.client.post(f"/runs/{run_id}/cancel")
+            assert again.status_code == 200 and again.json()["status"] == "aborted"
+            assert (await stack.client.get(f"/runs/{kept}")).json()["status"] == "completed"
+
+    run_async(main)
+
+
+def test_trigger_validates_dedupes_and_never_leaks_secrets(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with running_stack(tmp_path) as stack:
+            client = stack.client
+            for body, words in [
+                ({"threadId": "t"}, "prompt"),
+                ({"prompt": "echo", "threadId": ""}, "threadId"),
+                ({"prompt": " ", "threadId": "t"}, "prompt"),
+                ({"prompt": "echo", "threadId": "t", "runId": "a/b"}, "run id"),
+                ({"prompt": 3, "threadId": "t"}, "prompt"),
+            ]:
+                response = await client.post("/runs", json=body)
+                assert response.status_code == 400 and words in response.json()["error"], (body, response.text)
+            assert (await client.post("/runs", content=b"{not json")).status_code == 400
+            assert (await client.post("/runs", content=b" " * (2 * 1024 * 1024 + 1))).status_code == 413
+
+            # X-Run-Id names the run; a retried trigger starts no second drive; another thread is a 409.
+            script = agent_script(2, 0.05)
+            headers = {"X-Run-Id": "run-1"}
+            first = await client.post("/runs", json={"prompt": script, "threadId": "t1"}, headers=headers)
+            second = await client.post("/runs", json={"prompt": script, "threadId": "t1"}, headers=headers)
+            assert first.status_code == second.status_code == 202
+            assert first.json() == second.json() == {"runId": "run-1"}
+            clash = await client.post("/runs", json={"prompt": script, "threadId": "t2", "runId": "run-1"})
+            assert clash.status_code == 409
+            await stack.service.wait_run("run-1")
+            stored = await stack.log_entries("run-1")
+            assert [e["type"] for _, e in stored].count("RUN_STARTED") == 1
+            record = (await client.get("/runs/run-1")).json()
+            assert record["runId"] == "run-1" and record["threadId"] == "t1" and record["status"] == "completed"
+
+    async def leaky() -> None:
+        secret = "sk-test-" + "x" * 12
+        register_secret_values([secret])
+
+        def factory(request: Any) -> Any:
+            raise RuntimeError(f"could not reach the model with {secret}")
+
+        runs, events = memory_run_backend()
+        service = SandboxService(runs, events, factory=factory)
+        app = Starlette(routes=sandbox_routes(service))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            with caplog.at_level(logging.DEBUG, logger="boxwright"):
+                response = await client.post("/runs", json={"prompt": "hi", "threadId": "t"})
+        assert response.status_code == 500 and secret not in response.text
+        assert "could not reach the model" in caplog.text and secret not in caplog.text
+
+    run_async(main)
+    run_async(leaky)
+
+
+def test_middleware_puts_the_service_on_request_state(tmp_path: Path) -> None:
+    sandbox = define_sandbox("mw", local_process_sandbox(base_dir=tmp_path / "sb"), file_events=False)
+
+    async def chat(request: Request) -> Response:
+        # What an app does: start a run, answer with its SSE tail.
+        service: SandboxService = request.state.boxwright
+        body = await request.json()
+        run_id = await service.start_run(sandbox, command_harness(agent_script(3, 0)), "go", thread_id=body["thread"])
+        return await service.events_response(run_id, request)
+
+    async def lifespan_value(request: Request) -> Response:
+        return Response(json.dumps({"app": request.state.app_value, "same": request.state.boxwright is service}))
+
+    async def whoami(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text(type(websocket.state.boxwright).__name__)
+        await websocket.close()
+
+    runs, events = memory_run_backend()
+    service = SandboxService(runs, events, store=MemoryInstanceStore())
+    app = Starlette(
+        routes=[Route("/chat", chat, methods=["POST"]), Route("/value", lifespan_value)],
+        middleware=[Middleware(SandboxMiddleware, service=service)],
+    )
+
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            response = await client.post("/chat", json={"thread": "t-mw"})
+            assert response.status_code == 200
+            messages = [m async for m in sse_messages(response)]
+        assert messages[-1].event == "status" and messages[-1].json() == {"status": "completed"}
+        deltas = "".join(m.json().get("delta", "") for m in messages[:-1])
+        assert deltas == expected_text(3)
+        await service.aclose()
+
+        # Pure ASGI: lifespan state stays visible, the shared state dict is never written to.
+        shared = {"app_value": 7}
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/value", "headers": [], "query_string": b"", "state": shared}
+        await SandboxMiddleware(app.router, service)(scope, receive, send)
+        assert json.loads(sent[-1]["body"]) == {"app": 7, "same": True}
+        assert shared == {"app_value": 7}
+
+    run_async(main)
+
+    async def websocket_state() -> None:
+        async with running_stack(tmp_path / "ws", extra_routes=[WebSocketRoute("/whoami", whoami)]) as stack:
+            async with connect("ws" + stack.url.removeprefix("http") + "/whoami") as ws:
+                assert await ws.recv() == "SandboxService"
+
+    run_async(websocket_state)
+
+
+def test_a_client_that_disconnects_never_stops_the_run(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_stack(tmp_path) as stack:
+            run_id = await stack.start(agent_script(6, 0.08))
+            # Several clients come and go mid-run: SSE, long-poll, one after another.
+            for _ in range(3):
+                await read_sse(stack.client, f"/runs/{run_id}/events", stop=lambda seen: len(seen) >= 2)
+            with pytest.raises(httpx.ReadTimeout):
+                await stack.client.get(f"/runs/{run_id}/poll?offset=now&wait=20000", timeout=0.05)
+            await stack.wait_reads_closed()
+            record = await stack.service.wait_run(run_id)
+            assert record is not None and record.status == "completed" and record.detached_since is None
+            assert (await stack.client.get(f"/runs/{run_id}")).json()["status"] == "completed"
+
+    run_async(main)
