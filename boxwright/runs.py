@@ -559,9 +559,26 @@ class _Pump:
         else:
             self.last_type = "RUN_ERROR"
 
-    async def finish(self) -> RunRecord:
-        """Flush, append a closing RUN_ERROR after an early end, write the status, close the log."""
+    async def finish(self, detached: Callable[[], bool] | None = None) -> RunRecord:
+        """Flush, append a closing RUN_ERROR after an early end, write the status, close the log.
+
+        A run that ended by abort and whose sandbox detached (``detached()`` answers after the
+        stream's own teardown ran) keeps running elsewhere: its log stays open, nothing more is
+        appended and its status stays ``running``, so a successor can take it over (R39).
+        """
         await self.flush()
+        if self.abort is not None and not self.failure and detached is not None and _verdict(detached):
+            _log(self.logger, logging.INFO, "run %r detached: its log stays open for a successor", self.run_id)
+            return await self.reread(
+                RunRecord(
+                    run_id=self.run_id,
+                    thread_id=self.thread_id,
+                    status="running",
+                    started_at=self.started_at,
+                    updated_at=now_ms(),
+                    driver_epoch=self.epoch,
+                )
+            )
         await self.append_closing_error()
         status: RunStatus = "failed" if self.failure else "aborted" if self.abort else "completed"
         error = self.failure or self.abort
@@ -638,6 +655,7 @@ async def pipe_to_run_log(
     epoch: int | None = None,
     *,
     logger: logging.Logger | None = None,
+    detached: Callable[[], bool] | None = None,
 ) -> RunRecord:
     """Drive ``stream`` into ``run_id``'s log and record; returns the final record and never raises.
 
@@ -662,12 +680,32 @@ async def pipe_to_run_log(
         await pump.run(stream, signal)
     except asyncio.CancelledError:
         pump.note_abort("the task driving the run was cancelled")
-        await asyncio.shield(pump.finish())
+        await asyncio.shield(_finish_after_close(pump, stream, detached))
         raise
     except Exception as exc:  # pragma: no cover - run() guards every call; this keeps the promise regardless
         pump.note_failure(RunError(message=_describe(exc)))
     # Shielded: a cancellation arriving now must not leave the status unwritten or the log open.
-    return await asyncio.shield(pump.finish())
+    return await asyncio.shield(_finish_after_close(pump, stream, detached))
+
+
+async def _finish_after_close(
+    pump: _Pump, stream: AsyncIterable[Event], detached: Callable[[], bool] | None
+) -> RunRecord:
+    # The detach verdict is published by the stream's own teardown (the sandbox lifecycle): close the
+    # stream first, so the verdict is read after it ran, never before (R39).
+    if detached is not None and pump.abort is not None:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+    return await pump.finish(detached)
+
+
+def _verdict(detached: Callable[[], bool]) -> bool:
+    try:
+        return bool(detached())
+    except Exception:
+        return False
 
 
 # -- RunController --------------------------------------------------------------------------------
@@ -708,8 +746,9 @@ class RunController:
         *,
         signal: AbortSignal | None = None,
         epoch: int | None = None,
+        detached: Callable[[], bool] | None = None,
     ) -> RunHandle:
-        """Begin driving ``run_id`` and return at once.
+        """Begin driving ``run_id`` and return at once (``detached``: see ``pipe_to_run_log``).
 
         ``stream`` is the run's events, or a factory called once, inside the run's task, with
         ``run_id`` (a raising factory fails the run like a raising stream). Raises
@@ -720,14 +759,20 @@ class RunController:
         controller = AbortController()
         combined = AbortSignal.any([signal, controller.signal]) if signal is not None else controller.signal
         task = asyncio.get_running_loop().create_task(
-            self._drive(stream, run_id, thread_id, combined, epoch), name=f"boxwright run {run_id!r}"
+            self._drive(stream, run_id, thread_id, combined, epoch, detached), name=f"boxwright run {run_id!r}"
         )
         self._active[run_id] = (task, controller)
         task.add_done_callback(functools.partial(self._forget, run_id))
         return RunHandle(run_id, task)
 
     async def _drive(
-        self, stream: StreamSource, run_id: str, thread_id: str, signal: AbortSignal, epoch: int | None
+        self,
+        stream: StreamSource,
+        run_id: str,
+        thread_id: str,
+        signal: AbortSignal,
+        epoch: int | None,
+        detached: Callable[[], bool] | None = None,
     ) -> RunRecord:
         source: AsyncIterable[Event]
         if isinstance(stream, AsyncIterable):
@@ -738,7 +783,7 @@ class RunController:
             except Exception as exc:
                 source = _raising(exc)
         return await pipe_to_run_log(
-            source, self._runs, self._events, run_id, thread_id, signal, epoch, logger=self._logger
+            source, self._runs, self._events, run_id, thread_id, signal, epoch, logger=self._logger, detached=detached
         )
 
     def _forget(self, run_id: str, task: asyncio.Task[RunRecord]) -> None:

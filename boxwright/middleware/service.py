@@ -72,6 +72,7 @@ class RecordDurability:
     def __init__(self, runs: RunStore, run_id: str) -> None:
         self._runs = runs
         self._run_id = run_id
+        self.detached = False  # the verdict: set once the stamp landed
 
     async def cancel_requested(self) -> bool:
         return await was_cancel_requested(self._runs, self._run_id)
@@ -80,6 +81,7 @@ class RecordDurability:
         written = await self._runs.update(self._run_id, RunPatch(detached_since=now_ms(), sandbox_key=sandbox_key))
         if written is None:
             raise LookupError(f"run {self._run_id!r} has no record to stamp its detach on")
+        self.detached = True
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ class SandboxService:
         except BaseException:
             del self._driving[run_id]
             raise
+        durability = RecordDurability(self.runs, run_id) if durable else None
         events = run_agent(
             sandbox,
             harness,
@@ -173,9 +176,15 @@ class SandboxService:
             store=self._store,
             locks=self._locks,
             journal=JournalOptions() if durable else None,
-            durability=RecordDurability(self.runs, run_id) if durable else None,
+            durability=durability,
         )
-        handle = self._controller.start(events, run_id, thread_id, signal=abort.signal)
+        handle = self._controller.start(
+            events,
+            run_id,
+            thread_id,
+            signal=abort.signal,
+            detached=(lambda: durability.detached) if durability is not None else None,
+        )
         self._driving[run_id] = (abort, handle)
         handle.done.add_done_callback(functools.partial(self._forget, run_id, abort))
         return run_id

@@ -1,0 +1,66 @@
+"""R39: a durable run whose driver stops without a cancel detaches: log open, status running, nothing appended."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from boxwright.abort import AbortController
+from boxwright.agent import JournalOptions, run_agent
+from boxwright.definition import define_sandbox
+from boxwright.events import RunErrorEvent, TextMessageContentEvent
+from boxwright.harnesses.command import command_harness
+from boxwright.middleware.service import RecordDurability
+from boxwright.providers import local_process_sandbox
+from boxwright.runs import RUN_CANCEL_REASON, pipe_to_run_log
+from boxwright.stores.memory import MemoryInstanceStore, memory_run_backend
+
+AGENT = "for i in 1 2 3 4 5 6; do echo \"line $i\"; sleep 0.2; done"
+
+
+@pytest.mark.parametrize(("reason", "detaches"), [("host shutting down", True), (RUN_CANCEL_REASON, False)])
+def test_stopping_a_durable_driver_detaches_unless_cancelled(tmp_path: Path, reason: str, detaches: bool) -> None:
+    async def main() -> None:
+        runs, log = memory_run_backend()
+        await runs.create_or_resume("r1", "t1")
+        durability = RecordDurability(runs, "r1")
+        controller = AbortController()
+        sandbox = define_sandbox("d", local_process_sandbox(base_dir=tmp_path / "sb"))
+        stream = run_agent(
+            sandbox,
+            command_harness(AGENT),
+            "go",
+            thread_id="t1",
+            run_id="r1",
+            store=MemoryInstanceStore(),
+            journal=JournalOptions(),
+            durability=durability,
+            signal=controller.signal,
+        )
+
+        async def watch() -> None:
+            async for _offset, event in log.read("r1", "-1"):
+                if isinstance(event, TextMessageContentEvent):
+                    controller.abort(reason)
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        record = await pipe_to_run_log(
+            stream, runs, log, "r1", "t1", controller.signal, detached=lambda: durability.detached
+        )
+        await watcher
+        stored = await log.snapshot("r1")
+        if detaches:
+            assert record.status == "running" and record.detached_since is not None and record.sandbox_key
+            assert not await log.is_closed("r1")
+            assert not any(isinstance(e, RunErrorEvent) for e in stored)
+            assert len(list((tmp_path / "sb").iterdir())) == 1, "the sandbox is kept for a successor"
+        else:
+            assert record.status == "aborted" and record.error is not None and record.error.code == "cancelled"
+            assert await log.is_closed("r1")
+            assert isinstance(stored[-1], RunErrorEvent)
+            assert list((tmp_path / "sb").iterdir()) == []
+
+    asyncio.run(main())
