@@ -9,12 +9,36 @@ a mismatch means the replay is not the same run, and nothing is forwarded.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
-from .errors import BoxwrightError
+from .abort import AbortController, AbortSignal
+from .errors import (
+    BoxwrightError,
+    EpochFencedError,
+    RunClaimLostError,
+    RunClaimNotAcquiredError,
+    RunDriverPipeOutsideClaimError,
+    RunLogNotQuiescentError,
+)
 from .events import CustomEvent, Event, chunk_fingerprint
+from .runs import (
+    START_OFFSET,
+    EventLog,
+    RunPatch,
+    RunRecord,
+    RunStore,
+    is_run_status,
+    is_terminal_status,
+    pipe_to_run_log,
+)
+from .stores.base import DEFAULT_LEASE_TTL_MS, LeaseSignal, LockStore
 
 DEFAULT_MAX_OUT_OF_BAND_SKIP = 64
 
@@ -119,3 +143,470 @@ async def align_to_stored_log(
         position += 1
     if position < len(stored):
         raise JournalReplayDivergedError(position, stored[position], None, "replay shorter than stored log")
+
+
+# -- claim, fences, quiescence (R51-R55) -----------------------------------------------------------
+#
+# Three layers keep a run single-writer. The lease: the whole drive runs inside
+# ``locks.with_lock("run-driver:<run id>")``, whose signal reports a lost lease. The
+# epoch: each claim bumps the record's ``driver_epoch``, and every append and terminal
+# status write is a compare-and-set on it IN THE STORE (decision 3: one transaction in
+# SQLite), which replaces the reference's re-read of the epoch every 32 appends (R53): a
+# superseded driver cannot land one more batch, not even one racing the bump.
+# Quiescence: a successor waits for the log to stop growing before its first append.
+
+_logger = logging.getLogger("boxwright.takeover")
+
+DEFAULT_FENCE_QUIET_MS = 5_000
+DEFAULT_QUIESCENCE_PROBES = 6
+LEASE_LOST: Final = "lease-lost"
+
+T = TypeVar("T")
+
+# (run_id, thread_id, signal) -> the run's events; the signal fires when the claim is lost.
+Drive = Callable[[str, str, AbortSignal], AsyncIterable[Event]]
+
+
+def _log(logger: logging.Logger, level: int, message: str, *args: object) -> None:
+    # Callers promise never to raise; a raising logger must not break that.
+    with contextlib.suppress(Exception):
+        logger.log(level, message, *args)
+
+
+def run_driver_lock_key(run_id: str) -> str:
+    return f"run-driver:{run_id}"
+
+
+class RunClaim:
+    """One successful claim of a run: the epoch it bumped to, and a signal that aborts when the lease is lost.
+
+    Identity-hashed on purpose: it owns the one-way latch both fences share. The first
+    refused write (the store's epoch moved on, or the lease was lost) latches it, and
+    every later write through either fence re-raises that error without touching a store.
+    """
+
+    __slots__ = ("_lost", "_suppression_logged", "epoch", "run_id", "signal")
+
+    def __init__(self, run_id: str, epoch: int, signal: AbortSignal) -> None:
+        self.run_id = run_id
+        self.epoch = epoch
+        self.signal = signal
+        self._lost: RunClaimLostError | None = None
+        self._suppression_logged = False
+
+    @property
+    def lost(self) -> bool:
+        """Whether this claim no longer owns the run: a write was refused, or the lease is gone."""
+        return self._lost is not None or self.signal.aborted
+
+    @property
+    def error(self) -> RunClaimLostError | None:
+        """The error the latch holds, once a write of this claim was refused."""
+        return self._lost
+
+    @property
+    def superseded(self) -> bool:
+        """Whether a write of this claim was refused (the latch is set); a lost lease alone does not set it."""
+        return self._lost is not None
+
+    def check(self) -> None:
+        """Raise the latched ``RunClaimLostError``; a lost lease latches first."""
+        if self._lost is None and self.signal.aborted:
+            self._lost = RunClaimLostError(self.run_id, self.epoch, LEASE_LOST)
+        if self._lost is not None:
+            raise self._lost
+
+    def latch(self, error: RunClaimLostError) -> RunClaimLostError:
+        """Set the latch (once) and return the error it holds."""
+        if self._lost is None:
+            self._lost = error
+        return self._lost
+
+    def __repr__(self) -> str:
+        return f"RunClaim(run_id={self.run_id!r}, epoch={self.epoch}, lost={self.lost})"
+
+
+async def _mirror_lease(lease: LeaseSignal, controller: AbortController, run_id: str, epoch: int) -> None:
+    await lease.wait()
+    controller.abort(RunClaimLostError(run_id, epoch, LEASE_LOST))
+
+
+async def with_run_claim(
+    runs: RunStore,
+    locks: LockStore,
+    run_id: str,
+    fn: Callable[[RunClaim], Awaitable[T]],
+    *,
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+    admit: Callable[[RunRecord], None] | None = None,
+) -> T:
+    """Claim ``run_id`` and run ``fn(claim)`` while holding it (R51); returns what ``fn`` returns.
+
+    Everything runs inside ``locks.with_lock("run-driver:<run id>")``, released however it
+    ends. An unknown run raises ``RunClaimNotAcquiredError(run_id, "unknown")``, a terminal
+    one ``"terminal"``; ``admit(record)`` may refuse too (raising), still before anything is
+    written. Otherwise ``driver_epoch`` becomes (old or 0) + 1, itself a compare-and-set on
+    the old value (``"superseded"`` if it moved), and ``fn`` gets a ``RunClaim`` at that
+    epoch whose signal aborts the moment the lease is lost.
+    """
+
+    async def locked(lease: LeaseSignal) -> T:
+        record = await runs.get(run_id)
+        if record is None:
+            raise RunClaimNotAcquiredError(run_id, "unknown")
+        if is_terminal_status(record.status):
+            raise RunClaimNotAcquiredError(run_id, "terminal")
+        if admit is not None:
+            admit(record)
+        epoch = (record.driver_epoch or 0) + 1
+        try:
+            bumped = await runs.update(run_id, RunPatch(driver_epoch=epoch), expected_epoch=record.driver_epoch)
+        except EpochFencedError:
+            # Someone bumped it without the lock (or through an expired lease): theirs is the newer claim.
+            raise RunClaimNotAcquiredError(run_id, "superseded") from None
+        if bumped is None:
+            raise RunClaimNotAcquiredError(run_id, "unknown")
+        controller = AbortController()
+        if lease.lost:
+            controller.abort(RunClaimLostError(run_id, epoch, LEASE_LOST))
+        watcher = asyncio.ensure_future(_mirror_lease(lease, controller, run_id, epoch))
+        try:
+            return await fn(RunClaim(run_id, epoch, controller.signal))
+        finally:
+            watcher.cancel()
+            await asyncio.wait([watcher])
+
+    return await locks.with_lock(run_driver_lock_key(run_id), locked, ttl_ms=lease_ttl_ms)
+
+
+async def await_log_quiescence(
+    log: EventLog, run_id: str, quiet_ms: float, *, probes: int = DEFAULT_QUIESCENCE_PROBES
+) -> str:
+    """Wait until ``run_id``'s log stops growing: the same tail twice, ``quiet_ms`` apart (R52).
+
+    Returns that tail offset (an empty log's is ``format_offset(run_id, 0)``). Compares
+    ``tail()`` rather than ``snapshot()`` lengths: the same question, without reading the
+    whole log up to ``probes + 1`` times. Never ``read()``s. After ``probes`` sleeps with
+    the log still growing, raises ``RunLogNotQuiescentError``: a predecessor is still live.
+    """
+    previous = await log.tail(run_id)
+    for _ in range(probes):
+        await asyncio.sleep(max(quiet_ms, 0) / 1000)
+        current = await log.tail(run_id)
+        if current == previous:
+            return current
+        previous = current
+    raise RunLogNotQuiescentError(run_id, quiet_ms, probes)
+
+
+class _FencedEventLog:
+    """``log`` with the claim's appends fenced: latch or lost lease -> refused before any I/O; otherwise the
+    store's compare-and-set at the claim's epoch, whose refusal latches. Other runs pass through."""
+
+    def __init__(self, log: EventLog, claim: RunClaim) -> None:
+        self._log = log
+        self._claim = claim
+
+    async def append(self, run_id: str, events: Sequence[Event], *, epoch: int | None = None) -> list[str]:
+        claim = self._claim
+        if run_id != claim.run_id:
+            return await self._log.append(run_id, events, epoch=epoch)
+        claim.check()
+        try:
+            return await self._log.append(run_id, events, epoch=claim.epoch)
+        except RunClaimLostError as exc:
+            raise claim.latch(exc) from None
+        except EpochFencedError as exc:
+            raise claim.latch(RunClaimLostError(run_id, claim.epoch, exc.stored_epoch)) from exc
+
+    def read(
+        self, run_id: str, after: str = START_OFFSET, *, signal: AbortSignal | None = None, live: bool = True
+    ) -> AsyncIterator[tuple[str, Event]]:
+        return self._log.read(run_id, after, signal=signal, live=live)
+
+    async def snapshot(self, run_id: str, limit: int | None = None) -> list[Event]:
+        return await self._log.snapshot(run_id, limit)
+
+    async def tail(self, run_id: str) -> str:
+        return await self._log.tail(run_id)
+
+    async def close(self, run_id: str) -> None:
+        # Our logs refuse appends once closed, so a superseded claim closing the log would end its
+        # successor's run; pipe_to_run_log skips close when an append is refused, this covers a
+        # suppressed status write. A lost lease alone does not skip it: a status that landed is closed.
+        if run_id == self._claim.run_id and self._claim.superseded:
+            return
+        await self._log.close(run_id)
+
+    async def is_closed(self, run_id: str) -> bool:
+        return await self._log.is_closed(run_id)
+
+
+class _FencedRunStore:
+    """``runs`` with the claim's terminal status writes fenced (R55); everything else passes through."""
+
+    def __init__(self, runs: RunStore, claim: RunClaim, logger: logging.Logger) -> None:
+        self._runs = runs
+        self._claim = claim
+        self._logger = logger
+
+    def __getattr__(self, name: str) -> Any:
+        # Optional store features (list_by_thread, list_reclaimable) exist here only if they exist there.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._runs, name)
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        return await self._runs.get(run_id)
+
+    async def create_or_resume(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
+        return await self._runs.create_or_resume(run_id, thread_id, started_at=started_at)
+
+    async def find_active_run(self, thread_id: str) -> RunRecord | None:
+        return await self._runs.find_active_run(thread_id)
+
+    async def update(self, run_id: str, patch: RunPatch, *, expected_epoch: int | None = None) -> RunRecord | None:
+        claim = self._claim
+        if run_id != claim.run_id or not is_terminal_status(patch.status):
+            return await self._runs.update(run_id, patch, expected_epoch=expected_epoch)
+        try:
+            claim.check()
+            return await self._runs.update(run_id, patch, expected_epoch=claim.epoch)
+        except EpochFencedError as exc:
+            lost = claim.latch(
+                exc if isinstance(exc, RunClaimLostError) else RunClaimLostError(run_id, claim.epoch, exc.stored_epoch)
+            )
+        # Suppressed, not failed: a lost claim must never mark its successor's live run finished.
+        level = logging.DEBUG if claim._suppression_logged else logging.WARNING
+        claim._suppression_logged = True
+        _log(self._logger, level, "suppressed a terminal status %r for run %r: %s", patch.status, run_id, lost)
+        try:
+            return await self._runs.get(run_id)
+        except Exception as exc:
+            _log(self._logger, logging.ERROR, "run %r: could not re-read its record: %s", run_id, exc)
+            return None
+
+
+def fence_event_log(log: EventLog, claim: RunClaim) -> EventLog:
+    """``log`` whose appends for ``claim.run_id`` land only while the claim holds (R53-R54).
+
+    Lease lost or latch set: ``RunClaimLostError`` before any I/O. Otherwise the append runs
+    at ``claim.epoch`` (whatever epoch the caller passed), a compare-and-set in the store;
+    a refusal latches the claim and raises ``RunClaimLostError`` (an ``EpochFencedError``,
+    so ``pipe_to_run_log`` stops without another write). ``read``/``snapshot``/``tail`` pass
+    through; ``close`` too, except that a superseded claim's close is skipped.
+    """
+    return _FencedEventLog(log, claim)
+
+
+def fence_run_store(runs: RunStore, claim: RunClaim, *, logger: logging.Logger | None = None) -> RunStore:
+    """``runs`` whose terminal status writes for ``claim.run_id`` land only while the claim holds (R55).
+
+    Such a write checks the latch, then the lease, then runs as ``update(...,
+    expected_epoch=claim.epoch)``. A lost claim's write is SUPPRESSED: nothing is written,
+    the claim latches, one WARNING says so (later ones are DEBUG), and the stored record
+    is returned (``None`` if it cannot be read). Any other store error propagates (it does
+    not suppress). Non-terminal patches, other runs and reads pass through unchanged;
+    optional methods exist only where ``runs`` has them.
+    """
+    return _FencedRunStore(runs, claim, logger or _logger)
+
+
+async def pipe_claimed(
+    stream: AsyncIterable[Event],
+    runs: RunStore,
+    log: EventLog,
+    claim: RunClaim,
+    thread_id: str,
+    *,
+    signal: AbortSignal | None = None,
+    logger: logging.Logger | None = None,
+    detached: Callable[[], bool] | None = None,
+) -> RunRecord:
+    """``pipe_to_run_log`` under ``claim``: both fences at the ACQUIRED epoch; ``signal`` defaults to the claim's.
+
+    ``detached`` is ``pipe_to_run_log``'s detach verdict (R39), passed on.
+    """
+    return await pipe_to_run_log(
+        stream,
+        fence_run_store(runs, claim, logger=logger),
+        fence_event_log(log, claim),
+        claim.run_id,
+        thread_id,
+        claim.signal if signal is None else signal,
+        claim.epoch,
+        logger=logger,
+        detached=detached,
+    )
+
+
+# -- the run driver and the resume driver (R56-R58) ------------------------------------------------
+
+
+async def _close_quietly(stream: object) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+async def _raising(exc: Exception) -> AsyncIterator[Event]:
+    raise exc
+    yield  # pragma: no cover - makes this an async generator
+
+
+def start_drive(drive: Drive, run_id: str, thread_id: str, signal: AbortSignal) -> AsyncIterable[Event]:
+    """``drive(...)``, a synchronous raise turned into a stream that raises (the run then fails like any other)."""
+    try:
+        return drive(run_id, thread_id, signal)
+    except Exception as exc:
+        return _raising(exc)
+
+
+class SandboxRunDriver:
+    """The supported way to drive a run another host started (R56): ``claim`` then ``pipe`` inside it.
+
+    ``await driver.claim(run_id, fn)`` runs ``fn(claim)`` under ``with_run_claim`` and holds
+    the claim (in a context variable, so concurrent claims on one driver stay apart) for
+    the call. ``await driver.pipe(stream, run_id, thread_id)`` inside it waits for the log
+    to go quiet, then drives ``stream`` with both fences at the acquired epoch; outside a
+    claim on ``run_id`` it raises ``RunDriverPipeOutsideClaimError``. ``resume(run_id)`` is
+    the whole resume driver (R58).
+    """
+
+    def __init__(
+        self,
+        runs: RunStore,
+        locks: LockStore,
+        log: EventLog,
+        drive: Drive,
+        *,
+        fence_quiet_ms: float = DEFAULT_FENCE_QUIET_MS,
+        lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.runs = runs
+        self.locks = locks
+        self.log = log
+        self.drive = drive
+        self.fence_quiet_ms = fence_quiet_ms
+        self.lease_ttl_ms = lease_ttl_ms
+        self.logger = logger or _logger
+        self._held: ContextVar[RunClaim | None] = ContextVar(f"boxwright held claim {id(self):x}", default=None)
+
+    def held_claim(self, run_id: str) -> RunClaim | None:
+        """The claim on ``run_id`` this driver holds in the current context, if any."""
+        claim = self._held.get()
+        return claim if claim is not None and claim.run_id == run_id else None
+
+    async def claim(self, run_id: str, fn: Callable[[RunClaim], Awaitable[T]]) -> T:
+        async def holding(claim: RunClaim) -> T:
+            token = self._held.set(claim)
+            try:
+                return await fn(claim)
+            finally:
+                self._held.reset(token)
+
+        return await with_run_claim(self.runs, self.locks, run_id, holding, lease_ttl_ms=self.lease_ttl_ms)
+
+    async def pipe(
+        self,
+        stream: AsyncIterable[Event],
+        run_id: str,
+        thread_id: str,
+        *,
+        detached: Callable[[], bool] | None = None,
+    ) -> RunRecord:
+        claim = self.held_claim(run_id)
+        if claim is None:
+            await _close_quietly(stream)
+            raise RunDriverPipeOutsideClaimError(run_id)
+        try:
+            await await_log_quiescence(self.log, run_id, self.fence_quiet_ms)
+        except BaseException:
+            await _close_quietly(stream)
+            raise
+        return await pipe_claimed(stream, self.runs, self.log, claim, thread_id, logger=self.logger, detached=detached)
+
+    async def resume(self, run_id: str) -> bool:
+        """The resume driver (R58): claim ``run_id`` and drive it on; ``True`` iff it was driven. Never raises.
+
+        No run id, an unreadable store or status, no record, a terminal record, or a
+        recorded cancel drive nothing. Inside the claim ``detached_since`` is cleared
+        (a failure is logged, not fatal), then ``drive(run_id, record.thread_id,
+        claim.signal)`` is piped. Claim refusals and losses are logged at DEBUG.
+        """
+        logger = self.logger
+        if not isinstance(run_id, str) or not run_id:
+            _log(logger, logging.WARNING, "resume: no run id given; driving nothing")
+            return False
+        try:
+            record = await self.runs.get(run_id)
+        except Exception as exc:
+            _log(logger, logging.ERROR, "resume of run %r: could not read its record: %s", run_id, exc)
+            return False
+        if record is None:
+            _log(logger, logging.DEBUG, "resume of run %r: no such run; driving nothing", run_id)
+            return False
+        if not is_run_status(record.status):
+            _log(logger, logging.ERROR, "resume of run %r: invalid status %r", run_id, record.status)
+            return False
+        if is_terminal_status(record.status):
+            _log(logger, logging.DEBUG, "resume of run %r: already %s", run_id, record.status)
+            return False
+        if record.cancel_requested is True:
+            # Its status is still running, but a cancel was asked for: driving it would resurrect it.
+            _log(logger, logging.DEBUG, "resume of run %r: a cancel is recorded; driving nothing", run_id)
+            return False
+        thread_id = record.thread_id
+
+        async def body(claim: RunClaim) -> None:
+            try:
+                await self.runs.update(run_id, RunPatch(detached_since=None))
+            except Exception as exc:
+                _log(logger, logging.WARNING, "resume of run %r: could not clear detached_since: %s", run_id, exc)
+            await self.pipe(start_drive(self.drive, run_id, thread_id, claim.signal), run_id, thread_id)
+
+        try:
+            await self.claim(run_id, body)
+        except (RunClaimNotAcquiredError, RunClaimLostError) as exc:
+            _log(logger, logging.DEBUG, "resume of run %r: not driven: %s", run_id, exc)
+            return False
+        except Exception as exc:
+            _log(logger, logging.ERROR, "resume of run %r failed: %s", run_id, exc)
+            return False
+        return True
+
+
+def sandbox_run_driver(
+    runs: RunStore,
+    locks: LockStore,
+    log: EventLog,
+    drive: Drive,
+    *,
+    fence_quiet_ms: float = DEFAULT_FENCE_QUIET_MS,
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+    logger: logging.Logger | None = None,
+) -> SandboxRunDriver:
+    """A ``SandboxRunDriver`` over one run store, lock store and event log (R56)."""
+    return SandboxRunDriver(
+        runs, locks, log, drive, fence_quiet_ms=fence_quiet_ms, lease_ttl_ms=lease_ttl_ms, logger=logger
+    )
+
+
+async def resume_run(
+    runs: RunStore,
+    locks: LockStore,
+    log: EventLog,
+    drive: Drive,
+    run_id: str,
+    *,
+    fence_quiet_ms: float = DEFAULT_FENCE_QUIET_MS,
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+    logger: logging.Logger | None = None,
+) -> bool:
+    """The resume driver (R58): ``sandbox_run_driver(...).resume(run_id)``. Never raises; ``True`` iff driven."""
+    driver = sandbox_run_driver(
+        runs, locks, log, drive, fence_quiet_ms=fence_quiet_ms, lease_ttl_ms=lease_ttl_ms, logger=logger
+    )
+    return await driver.resume(run_id)
