@@ -410,14 +410,22 @@ class _Pump:
             self.note_abort(signal.reason)
             await _close_stream(stream, self)
             return
-        accepted = CustomEvent(
-            name=RUN_ACCEPTED_EVENT, value={"runId": self.run_id, "threadId": self.thread_id}, timestamp=now_ms()
-        )
-        await self.append([accepted])
+        # A fresh run announces itself; a successor's log already holds the announcement.
+        if await self.log_is_empty():
+            accepted = CustomEvent(
+                name=RUN_ACCEPTED_EVENT, value={"runId": self.run_id, "threadId": self.thread_id}, timestamp=now_ms()
+            )
+            await self.append([accepted])
         if self.stopped:
             await _close_stream(stream, self)
             return
         await self.pump(stream, signal)
+
+    async def log_is_empty(self) -> bool:
+        try:
+            return await self.events.tail(self.run_id) == format_offset(self.run_id, 0)
+        except Exception:
+            return True  # unknown: announcing twice is harmless, never announcing is not
 
     async def pump(self, stream: AsyncIterable[Event], signal: AbortSignal | None) -> None:
         abort_waiter: asyncio.Future[object] | None = None
