@@ -11,6 +11,7 @@ provider maps it onto its ``workspace_root``.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -133,7 +134,18 @@ class SandboxFs(Protocol):
 
     # Native change events, or None: the framework then polls with `find`.
     @property
-    def watch(self) -> Callable[[str], AsyncIterator[builtins.list[str]]] | None: ...
+    def watch(self) -> NativeWatch | None: ...
+
+
+class FileChange(msgspec.Struct, frozen=True):
+    """One change seen by a native watcher; ``path`` is relative to the watched directory."""
+
+    type: Literal["create", "change", "delete"]
+    path: str
+
+
+# watch(path, stop) yields batches of changes under ``path`` until ``stop`` is set.
+NativeWatch = Callable[[str, asyncio.Event], AsyncIterator[builtins.list[FileChange]]]
 
 
 class StdinWriter(Protocol):

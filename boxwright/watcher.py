@@ -17,13 +17,14 @@ from typing import Literal
 import msgspec
 
 from .events import CustomEvent, now_ms
-from .sandbox import ProcessOptions, SandboxHandle
+from .sandbox import NativeWatch, ProcessOptions, SandboxHandle
 from .shell import quote
 
 log = logging.getLogger("boxwright.watcher")
 
 DEFAULT_IGNORE = (".git", "node_modules")
 POLL_INTERVAL = 0.7
+NATIVE_SETTLE = 0.15
 
 
 class FileEvent(msgspec.Struct, frozen=True):
@@ -68,7 +69,12 @@ def diff_listings(before: dict[str, str], after: dict[str, str], now: int) -> li
 
 
 class WorkspaceWatcher:
-    """Polls a sandbox directory and calls ``on_event`` per change, from a task it owns."""
+    """Watches a sandbox directory and calls ``on_event`` per change, from a task it owns.
+
+    Native events (``fs.watch``) where the provider has them, else one ``find`` listing per
+    interval. Either way a last listing at ``stop`` reports what the live events missed (a
+    write in the first moments of a native watch, or after the last poll).
+    """
 
     def __init__(
         self,
@@ -78,27 +84,62 @@ class WorkspaceWatcher:
         root: str = "/workspace",
         ignore: Sequence[str] = DEFAULT_IGNORE,
         interval: float = POLL_INTERVAL,
+        native: bool = True,
     ) -> None:
         self._handle = handle
         self._on_event = on_event
         self._root = root
+        self._ignore = tuple(ignore)
         self._command = find_command(ignore)
         self._interval = interval
+        self._native: NativeWatch | None = getattr(handle.fs, "watch", None) if native else None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._state: dict[str, str] | None = None
+        self._reported: set[str] = set()
+
+    @property
+    def mode(self) -> Literal["native", "poll"]:
+        return "native" if self._native is not None else "poll"
 
     async def start(self) -> WorkspaceWatcher:
         self._state = await self._list()
-        self._task = asyncio.ensure_future(self._loop())
+        self._task = asyncio.ensure_future(self._watch() if self._native is not None else self._poll_loop())
         return self
 
     async def _list(self) -> dict[str, str]:
         result = await self._handle.process.exec(self._command, ProcessOptions(cwd=self._root))
         return parse_listing(result.stdout)
 
-    async def poll(self) -> None:
-        """One comparison now (also the final one at stop, so a last write is not missed)."""
+    def _emit(self, event: FileEvent) -> None:
+        self._reported.add(event.path)
+        self._on_event(event)
+
+    async def _watch(self) -> None:
+        assert self._native is not None
+        # An editor's write-and-rename (sed -i, most IDEs) arrives as a create: over a file that
+        # existed, it is a change.
+        known = set(self._state or ())
+        try:
+            async for batch in self._native(self._root, self._stopping):
+                for change in batch:
+                    if any(part in self._ignore for part in change.path.split("/")):
+                        continue
+                    kind = change.type
+                    if kind == "create" and change.path in known:
+                        kind = "change"
+                    if kind == "delete":
+                        known.discard(change.path)
+                    else:
+                        known.add(change.path)
+                    self._emit(FileEvent(kind, change.path, now_ms()))
+        except Exception as exc:  # native watching is a nicety: fall back to polling, never fail the run
+            log.warning("native workspace watch failed (%r); polling instead", exc)
+            self._native = None
+            await self._poll_loop()
+
+    async def poll(self, *, final: bool = False) -> None:
+        """One comparison now; the final one reports only what live events did not."""
         try:
             current = await self._list()
         except Exception as exc:  # the sandbox may be going away; a missed poll is not fatal
@@ -106,10 +147,11 @@ class WorkspaceWatcher:
             return
         if self._state is not None:
             for event in diff_listings(self._state, current, now_ms()):
-                self._on_event(event)
+                if not (final and event.path in self._reported):
+                    self._emit(event)
         self._state = current
 
-    async def _loop(self) -> None:
+    async def _poll_loop(self) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self._interval)
@@ -117,13 +159,15 @@ class WorkspaceWatcher:
                 await self.poll()
 
     async def stop(self) -> None:
-        """Stop polling after one last comparison; idempotent."""
+        """Stop watching after one last comparison; idempotent."""
         if self._stopping.is_set():
             return
+        if self._native is not None:
+            await asyncio.sleep(NATIVE_SETTLE)  # let the last writes' events through the debounce
         self._stopping.set()
         if self._task is not None:
             await self._task
-        await self.poll()
+        await self.poll(final=self._native is not None)
 
 
 async def watch_workspace(

@@ -16,10 +16,11 @@ import os
 import posixpath
 import shutil
 import stat as st
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal
 
 from ..errors import SandboxPathError
-from ..sandbox import WORKSPACE, FsEntry, FsStat
+from ..sandbox import WORKSPACE, FileChange, FsEntry, FsStat
 
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
 
@@ -77,13 +78,36 @@ def _stat_of(s: os.stat_result) -> FsStat:
     return FsStat("other", s.st_mode)
 
 
-class HostFs:
-    """``SandboxFs`` over host directories; blocking calls run in a worker thread."""
+_CHANGE_TYPES: dict[int, Literal["create", "change", "delete"]] = {1: "create", 2: "change", 3: "delete"}
+IGNORED_DIRS = frozenset({".git", "node_modules"})
 
-    watch: Callable[[str], AsyncIterator[list[str]]] | None = None
+
+class HostFs:
+    """``SandboxFs`` over host directories; blocking calls run in a worker thread.
+
+    ``watch`` is native (inotify through ``watchfiles``): the sandbox's files are host files.
+    """
 
     def __init__(self, paths: PathMap) -> None:
         self._paths = paths
+
+    async def watch(self, path: str, stop: asyncio.Event) -> AsyncIterator[list[FileChange]]:
+        from watchfiles import awatch
+
+        root = self._paths.host(path)
+
+        def keep(_change: object, changed: str) -> bool:
+            rel = os.path.relpath(changed, root)
+            return not any(part in IGNORED_DIRS for part in rel.split(os.sep))
+
+        async for batch in awatch(root, stop_event=stop, watch_filter=keep, debounce=100, step=20, recursive=True):
+            changes = [
+                FileChange(_CHANGE_TYPES[int(change)], os.path.relpath(changed, root))
+                for change, changed in sorted(batch, key=lambda c: c[1])
+                if int(change) in _CHANGE_TYPES and not os.path.isdir(changed)
+            ]
+            if changes:
+                yield changes
 
     async def read(self, path: str) -> str:
         return (await self.read_bytes(path)).decode("utf-8")
