@@ -177,7 +177,27 @@ class HostProcess:
         self.killed_by: int | None = None
 
     async def _await_exit(self) -> int:
-        return exit_code_of(await self._proc.wait())
+        try:
+            return exit_code_of(await self._proc.wait())
+        except asyncio.CancelledError:
+            self._release_without_kill()
+            raise
+
+    def _release_without_kill(self) -> None:
+        """The loop is shutting down while the child runs (a durable agent must outlive us).
+
+        Closing the asyncio transport would kill the child, and leaving it open makes its
+        ``__del__`` raise on the closed loop later, at any point of the program. So: close
+        our ends of the pipes now, mark the transport closed, and let the child run on.
+        """
+        transport = getattr(self._proc, "_transport", None)
+        if transport is None or transport.is_closing():
+            return
+        for protocol in getattr(transport, "_pipes", {}).values():
+            pipe = getattr(protocol, "pipe", None)
+            if pipe is not None:
+                pipe.close()
+        transport._closed = True
 
     @property
     def exited(self) -> bool:
@@ -191,13 +211,14 @@ class HostProcess:
         await asyncio.gather(*self._pumps)
 
     async def settle(self, timeout: float = KILL_CONFIRM) -> None:
-        """Wait for exit and the pipes' end, then release the transport.
+        """Wait (bounded) for the exit to be reaped, then release the transport and its pipes.
 
         A transport left open when the loop closes is collected later and raises
-        there; and a pipe held open by an escaped grandchild must not hold us.
+        there (even inside an unrelated ``compile``); and a pipe held open by an
+        escaped grandchild, or output nobody reads any more, must not hold us.
         """
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.gather(self._exit, *self._pumps), timeout)
+            await asyncio.wait_for(asyncio.shield(self._exit), timeout)
         transport = getattr(self._proc, "_transport", None)
         if transport is not None:
             transport.close()
@@ -212,6 +233,12 @@ class HostProcess:
         await asyncio.shield(self.kill_soon(sig))
 
     async def _kill_group(self, sig: int) -> None:
+        try:
+            await self._signal_group(sig)
+        finally:
+            await self.settle()
+
+    async def _signal_group(self, sig: int) -> None:
         pgid = self.pid
         if self.exited and not group_members(pgid):
             return
