@@ -265,6 +265,38 @@ class BridgeRegistration:
         self.close()
 
 
+async def read_gated_body(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    headers: _RequestHeaders,
+    authorization: bytes | None,
+    max_body_bytes: int,
+) -> bytes | None:
+    """The checks every bridge endpoint makes, in order: a known route (``authorization`` is its
+    expected header, None for an unknown one: 404), the bearer (401), POST (405), a body within
+    the cap (413, read incrementally) — answering the first that fails. The body, or None when
+    a response was sent (or the caller left)."""
+    if authorization is None:
+        await _respond_fixed(send, _NOT_FOUND)
+        return None
+    if not _bearer_matches(headers.authorization, authorization):
+        await _respond_fixed(send, _UNAUTHORIZED)
+        return None
+    if scope["method"] != "POST":
+        await _respond_fixed(send, _NOT_ALLOWED)
+        return None
+    try:
+        return await _read_body(receive, headers, max_body_bytes)
+    except _BodyTooLarge:
+        await _respond_fixed(send, _TOO_LARGE)
+    except _BadRequest as exc:
+        await _respond(send, 400, msgspec.json.encode({"error": str(exc)}))
+    except _Disconnected:
+        pass
+    return None
+
+
 class ToolBridgeApp:
     """An ASGI app serving each registered run's tools over MCP at ``/runs/<run_id>/mcp``."""
 
@@ -356,25 +388,11 @@ class ToolBridgeApp:
         entry = None
         if segments is not None and len(segments) == 3 and segments[0] == "runs" and segments[2] == "mcp":
             entry = self._runs.get(segments[1])
-        if entry is None:
-            await _respond_fixed(send, _NOT_FOUND)
-            return
         headers = _RequestHeaders(scope)
-        if not _bearer_matches(headers.authorization, entry.authorization):
-            await _respond_fixed(send, _UNAUTHORIZED)
-            return
-        if scope["method"] != "POST":
-            await _respond_fixed(send, _NOT_ALLOWED)
-            return
-        try:
-            body = await _read_body(receive, headers, self.max_body_bytes)
-        except _BodyTooLarge:
-            await _respond_fixed(send, _TOO_LARGE)
-            return
-        except _BadRequest as exc:
-            await _respond(send, 400, msgspec.json.encode({"error": str(exc)}))
-            return
-        except _Disconnected:
+        body = await read_gated_body(
+            scope, receive, send, headers, entry.authorization if entry else None, self.max_body_bytes
+        )
+        if entry is None or body is None:
             return
         try:
             message = msgspec.json.decode(body)

@@ -27,25 +27,16 @@ from ..abort import AbortSignal
 from ..errors import RemoteToolError, ToolArgumentsError, UnknownToolError
 from .asgi import (
     _BRIDGE_ERROR,
-    _NOT_ALLOWED,
-    _NOT_FOUND,
-    _TOO_LARGE,
-    _UNAUTHORIZED,
     DEFAULT_MAX_BODY_BYTES,
     Receive,
     Scope,
     Send,
-    _BadRequest,
-    _bearer_matches,
-    _BodyTooLarge,
-    _Disconnected,
     _path_segments,
-    _read_body,
     _refuse_non_http,
     _RequestHeaders,
     _respond,
-    _respond_fixed,
     check_run_id,
+    read_gated_body,
 )
 from .tools import (
     EMPTY_OBJECT_SCHEMA,
@@ -265,25 +256,9 @@ def tool_exec_app(
         run = None
         if segments is not None and len(segments) == 2 and segments[0] == "tool-exec":
             run = lookup(segments[1])
-        if run is None:
-            await _respond_fixed(send, _NOT_FOUND)
-            return
         headers = _RequestHeaders(scope)
-        if not _bearer_matches(headers.authorization, run._authorization):
-            await _respond_fixed(send, _UNAUTHORIZED)
-            return
-        if scope["method"] != "POST":
-            await _respond_fixed(send, _NOT_ALLOWED)
-            return
-        try:
-            body = await _read_body(receive, headers, max_body_bytes)
-        except _BodyTooLarge:
-            await _respond_fixed(send, _TOO_LARGE)
-            return
-        except _BadRequest as exc:
-            await _respond(send, 400, msgspec.json.encode({"error": str(exc)}))
-            return
-        except _Disconnected:
+        body = await read_gated_body(scope, receive, send, headers, run._authorization if run else None, max_body_bytes)
+        if run is None or body is None:
             return
         work = asyncio.ensure_future(execute(run, segments[1] if segments else "", body))
         # The body is read, so the next receive() only returns when the caller hangs up: then the
