@@ -12,12 +12,14 @@ offers ready-made routes (trigger, tail, cancel, record) for apps that want them
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -28,11 +30,11 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from boxwright.abort import AbortController
+from boxwright.abort import AbortController, AbortSignal
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
 from boxwright.errors import InvalidRunIdError, RunThreadMismatchError
-from boxwright.events import now_ms
+from boxwright.events import Event, now_ms
 from boxwright.harnesses.base import Harness, Message
 from boxwright.runs import (
     RUN_CANCEL_REASON,
@@ -49,6 +51,7 @@ from boxwright.runs import (
 )
 from boxwright.secrets import redact
 from boxwright.stores.base import LockStore, SandboxInstanceStore
+from boxwright.takeover import RunClaim, sandbox_run_driver
 from boxwright.tool_bridge.tools import Tool
 
 from .delivery import json_response, long_poll_response, sse_response, websocket_tail
@@ -178,16 +181,46 @@ class SandboxService:
             journal=JournalOptions() if durable else None,
             durability=durability,
         )
-        handle = self._controller.start(
-            events,
-            run_id,
-            thread_id,
-            signal=abort.signal,
-            detached=(lambda: durability.detached) if durability is not None else None,
-        )
+        detached = (lambda: durability.detached) if durability is not None else None
+        if durability is not None and self._locks is not None and self._locks.durable:
+            # Several replicas share this store: drive under the run's claim (epoch 1), so a
+            # successor that takes the run over fences out anything this driver still writes.
+            handle = RunHandle(
+                run_id,
+                asyncio.ensure_future(self._drive_claimed(events, run_id, thread_id, abort, detached)),
+            )
+        else:
+            handle = self._controller.start(events, run_id, thread_id, signal=abort.signal, detached=detached)
         self._driving[run_id] = (abort, handle)
         handle.done.add_done_callback(functools.partial(self._forget, run_id, abort))
         return run_id
+
+    async def _drive_claimed(
+        self,
+        events: AsyncIterator[Event],
+        run_id: str,
+        thread_id: str,
+        abort: AbortController,
+        detached: Callable[[], bool] | None,
+    ) -> RunRecord:
+        assert self._locks is not None
+        # A fresh run has no predecessor to wait out: no quiet window.
+        driver = sandbox_run_driver(self.runs, self._locks, self.log, _no_replay, fence_quiet_ms=0)
+
+        async def body(claim: RunClaim) -> RunRecord:
+            claim.signal.add_listener(lambda reason: abort.abort(reason))
+            return await driver.pipe(events, run_id, thread_id, detached=detached)
+
+        try:
+            return await driver.claim(run_id, body)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+            log.error("run %r: could not be driven under its claim: %s", run_id, exc)
+            record = await self.runs.get(run_id)
+            if record is None:
+                raise
+            return record
 
     def _forget(self, run_id: str, abort: AbortController, _task: object) -> None:
         entry = self._driving.get(run_id)
@@ -244,6 +277,9 @@ class SandboxService:
                 except Exception as exc:
                     log.error("run %r: could not cancel it at shutdown: %s", run_id, exc)
         await self._controller.drain()
+        pending = [entry[1].done for entry in self._driving.values() if entry[1] is not None]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     drain = aclose
 
@@ -390,3 +426,7 @@ __all__ = [
     "StartRunRequest",
     "sandbox_routes",
 ]
+
+
+def _no_replay(run_id: str, thread_id: str, signal: AbortSignal) -> AsyncIterator[Event]:
+    raise RuntimeError(f"run {run_id!r}: this driver starts runs; taking one over needs a replaying drive")

@@ -17,7 +17,7 @@ from boxwright.providers import local_process_sandbox
 from boxwright.runs import RUN_CANCEL_REASON, pipe_to_run_log
 from boxwright.stores.memory import MemoryInstanceStore, memory_run_backend
 
-AGENT = "for i in 1 2 3 4 5 6; do echo \"line $i\"; sleep 0.2; done"
+AGENT = 'for i in 1 2 3 4 5 6; do echo "line $i"; sleep 0.2; done'
 
 
 @pytest.mark.parametrize(("reason", "detaches"), [("host shutting down", True), (RUN_CANCEL_REASON, False)])
@@ -64,3 +64,22 @@ def test_stopping_a_durable_driver_detaches_unless_cancelled(tmp_path: Path, rea
             assert list((tmp_path / "sb").iterdir()) == []
 
     asyncio.run(main())
+
+
+def test_a_service_over_a_cross_process_lock_drives_fresh_runs_under_a_claim(tmp_path: Path) -> None:
+    from boxwright.middleware.service import SandboxService
+    from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
+
+    async def main() -> tuple[object, object]:
+        async with open_database(tmp_path / "svc.db") as db:
+            runs, log = sqlite_run_backend(db)
+            service = SandboxService(runs, log, locks=SqliteLockStore(db), store=SqliteInstanceStore(db))
+            sandbox = define_sandbox("svc", local_process_sandbox(base_dir=tmp_path / "sb"))
+            run_id = await service.start_run(sandbox, command_harness("echo hi"), "go", thread_id="t")
+            record = await service.wait_run(run_id)
+            await service.aclose()
+            return record, await log.snapshot(run_id)
+
+    record, stored = asyncio.run(main())
+    assert record.status == "completed" and record.driver_epoch == 1  # type: ignore[attr-defined]
+    assert any(isinstance(e, TextMessageContentEvent) and e.delta == "hi\n" for e in stored)  # type: ignore[union-attr]
