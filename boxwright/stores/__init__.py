@@ -1,4 +1,4 @@
-"""Instance stores and lock stores: in-memory (one process) and SQLite (every process sharing a file)."""
+"""Instance, lock and run stores and event logs: in-memory (one process) and SQLite (every process sharing a file)."""
 
 from boxwright.stores.base import (
     DEFAULT_LEASE_TTL_MS,
@@ -9,8 +9,22 @@ from boxwright.stores.base import (
     SandboxInstanceStore,
     warn_if_not_durable,
 )
-from boxwright.stores.memory import MemoryInstanceStore, MemoryLockStore
-from boxwright.stores.sqlite import SqliteDatabase, SqliteInstanceStore, SqliteLockStore, open_database
+from boxwright.stores.memory import (
+    MemoryEventLog,
+    MemoryInstanceStore,
+    MemoryLockStore,
+    MemoryRunStore,
+    memory_run_backend,
+)
+from boxwright.stores.sqlite import (
+    SqliteDatabase,
+    SqliteEventLog,
+    SqliteInstanceStore,
+    SqliteLockStore,
+    SqliteRunStore,
+    open_database,
+    sqlite_run_backend,
+)
 
 __all__ = [
     "DEFAULT_LEASE_TTL_MS",
@@ -18,12 +32,18 @@ __all__ = [
     "Lease",
     "LeaseSignal",
     "LockStore",
+    "MemoryEventLog",
     "MemoryInstanceStore",
     "MemoryLockStore",
+    "MemoryRunStore",
     "SandboxInstanceStore",
     "SqliteDatabase",
+    "SqliteEventLog",
     "SqliteInstanceStore",
     "SqliteLockStore",
+    "SqliteRunStore",
+    "memory_run_backend",
     "open_database",
+    "sqlite_run_backend",
     "warn_if_not_durable",
 ]

@@ -1,7 +1,8 @@
-"""Test helpers for boxwright users: the provider conformance suite (``boxwright.testkit.providers``)."""
+"""Conformance suites for boxwright users: providers, journals, instance/lock stores, run stores and event logs."""
 
 from __future__ import annotations
 
+from .journal import journal_conformance_suite
 from .providers import (
     CASE_TIMEOUT,
     CASES,
@@ -18,6 +19,8 @@ from .providers import (
     run_case,
     skip_unavailable,
 )
+from .runs import event_log_suite, run_store_suite
+from .stores import lock_store_suite, run_instance_store_conformance
 
 __all__ = [
     "CASES",
@@ -29,10 +32,14 @@ __all__ = [
     "Dispose",
     "ProviderSuiteConfig",
     "RecordingLogger",
+    "event_log_suite",
     "fresh_sandbox",
     "host_pids",
+    "journal_conformance_suite",
+    "lock_store_suite",
     "provider_contract_suite",
     "run_case",
+    "run_instance_store_conformance",
+    "run_store_suite",
     "skip_unavailable",
 ]
-from .journal import journal_conformance_suite as journal_conformance_suite
