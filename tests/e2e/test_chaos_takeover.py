@@ -197,6 +197,7 @@ def test_a_killed_driver_is_taken_over_and_the_client_sees_every_event_exactly_o
                 assert len(prints) == len(set(prints)), f"round {round_} (kill at {kill_at}): a duplicate event"
                 assert _translated(events) == expected, f"round {round_} (kill at {kill_at}): events lost or changed"
                 takeovers += _driver_epoch(tmp_path / "chaos.db", run_id) == 2
+            print(f"chaos: {takeovers} takeovers in {len(kill_points)} rounds")
             # Each run was claimed by A (epoch 1); epoch 2 means B really drove the rest from the journal.
             assert takeovers >= len(kill_points) - 2, f"only {takeovers} of {len(kill_points)} rounds were takeovers"
         finally:
