@@ -271,12 +271,20 @@ async def _drive(
     run = _Run(hctx.thread_id, hctx.run_id)
     own_bridge: HostToolBridge | None = None
     registration: BridgeRegistration | None = None
-    if tools:
+    # A harness may answer its permission prompts from the policy through the bridge (Claude Code).
+    permission_tool = getattr(harness, "permission_tool", None)
+    permission = permission_tool(sandbox.policy, emit=run.on_bridge_event) if callable(permission_tool) else None
+    if tools or permission is not None:
         if bridge is None:
             # No listener shared by the app: one for this run, closed with it.
             bridge = own_bridge = await start_host_tool_bridge(provider=handle.provider)
         registration = bridge.register(
-            hctx.run_id, tools, thread_id=hctx.thread_id, signal=signal, emit_custom_event=run.on_bridge_event
+            hctx.run_id,
+            tools,
+            thread_id=hctx.thread_id,
+            signal=signal,
+            emit_custom_event=run.on_bridge_event,
+            permission=permission,
         )
         register_secret_values([registration.token])
         if scrub is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +42,15 @@ from ..events import (
     ToolCallStartEvent,
     now_ms,
 )
-from ..policy import claude_code_permissions
+from ..policy import (
+    APPROVAL_REQUESTED_EVENT,
+    ApprovalKind,
+    SandboxPolicy,
+    approval_requested_value,
+    claude_code_permissions,
+    resolve_approval,
+)
+from ..tool_bridge.tools import Tool, define_tool
 from .base import HarnessContext, HarnessPlan, RunFrame, ToolCallLedger, csv
 
 NAME = "claude-code"
@@ -95,9 +103,37 @@ class ClaudeCodeHarness:
 
     # -- plan ------------------------------------------------------------------------------------
 
+    def permission_tool(
+        self,
+        policy: SandboxPolicy | None,
+        mode: str | None = None,
+        *,
+        approvals: Mapping[str, bool] | None = None,
+        emit: Callable[[str, Any], None] | None = None,
+    ) -> Tool | None:
+        """The bridge tool that decides Claude's permission prompts by ``policy`` (R18), or None.
+
+        Needed when the policy has rules a permission mode cannot express (command globs, ``ask``)
+        and the mode lets Claude ask at all (``bypassPermissions`` never asks).
+        """
+        if policy is None or not _needs_prompts(policy):
+            return None
+        if (mode or self.permission_mode) == "bypassPermissions":
+            return None  # bypass never asks
+        return approval_prompt_tool(policy, approvals=approvals, emit=emit)
+
     def resolve_permission_mode(self, ctx: HarnessContext) -> str:
-        """Config > policy mapping > ``bypassPermissions`` (the sandbox is the isolation boundary)."""
-        return self.permission_mode or claude_code_permissions(ctx.policy).permission_mode or DEFAULT_PERMISSION_MODE
+        """Config > ``default`` when the policy answers prompts > policy mapping > ``bypassPermissions``.
+
+        Measured: ``acceptEdits`` lets Bash write without asking, so a policy with command rules or
+        an ``ask``/``deny`` default runs Claude in ``default`` mode, where every action that is not
+        read-only goes to the policy's prompt tool.
+        """
+        if self.permission_mode:
+            return self.permission_mode
+        if ctx.bridge is not None and ctx.policy is not None and _needs_prompts(ctx.policy):
+            return "default"
+        return claude_code_permissions(ctx.policy).permission_mode or DEFAULT_PERMISSION_MODE
 
     def plan(self, ctx: HarnessContext) -> HarnessPlan:
         permissions = claude_code_permissions(ctx.policy)
@@ -140,6 +176,9 @@ class ClaudeCodeHarness:
             parts += [flag, q(system_prompt)]
         if mcp_config is not None:
             parts += ["--mcp-config", q(mcp_config)]
+            if self.permission_tool(ctx.policy, mode) is not None and ctx.bridge is not None:
+                # Claude asks this bridge tool before each action the mode does not allow outright.
+                parts += ["--permission-prompt-tool", q(f"mcp__{ctx.bridge.name}__{APPROVAL_TOOL}")]
         prompt = ctx.prompt
         if self.output_schema is not None:
             schema = _compact(self.output_schema)
@@ -661,3 +700,74 @@ class ClaudeCodeTranslator:
             ReasoningMessageEndEvent(message_id=message_id, timestamp=now_ms()),
             ReasoningEndEvent(message_id=message_id, timestamp=now_ms()),
         ]
+
+
+# -- the policy's permission prompt (R18) --------------------------------------------------------
+
+APPROVAL_TOOL = "approval_prompt"
+_FILE_WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
+_NETWORK_TOOLS = frozenset({"WebFetch", "WebSearch"})
+_APPROVAL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "tool_name": {"type": "string"},
+        "input": {"type": "object"},
+        "tool_use_id": {"type": "string"},
+    },
+    "required": ["tool_name", "input"],
+}
+
+
+def _needs_prompts(policy: SandboxPolicy) -> bool:
+    rules = policy.commands
+    return bool(rules.allow or rules.ask or rules.deny) or policy.default in ("ask", "deny")
+
+
+def _action(tool_name: str, tool_input: Mapping[str, Any]) -> tuple[ApprovalKind, str]:
+    if tool_name == "Bash" and isinstance(tool_input.get("command"), str):
+        return "command", str(tool_input["command"])
+    if tool_name in _FILE_WRITE_TOOLS:
+        return "fileWrite", tool_name
+    if tool_name in _NETWORK_TOOLS:
+        return "network", tool_name
+    return "tool", tool_name
+
+
+def approval_prompt_tool(
+    policy: SandboxPolicy,
+    *,
+    approvals: Mapping[str, bool] | None = None,
+    emit: Callable[[str, Any], None] | None = None,
+) -> Tool:
+    """A bridge tool answering Claude's ``--permission-prompt-tool`` calls from ``policy``.
+
+    allow -> ``{"behavior":"allow","updatedInput":...}``; deny -> ``{"behavior":"deny","message":...}``;
+    an undecided ``ask`` is denied and announced as a CUSTOM ``approval-requested`` event, so the
+    app can ask a person and pass the decision in ``approvals`` on the next run.
+    """
+
+    def decide(args: Mapping[str, Any], ctx: Any) -> str:
+        tool_name = str(args.get("tool_name", ""))
+        raw_input = args.get("input")
+        tool_input: dict[str, Any] = raw_input if isinstance(raw_input, dict) else {}
+        kind, target = _action(tool_name, tool_input)
+        verdict = resolve_approval(policy, provider=NAME, kind=kind, target=target, approvals=approvals)
+        if verdict.decision == "allow":
+            return json.dumps({"behavior": "allow", "updatedInput": tool_input})
+        if verdict.needs_approval:
+            title = f"Approve {tool_name}" + (f": {target}" if kind == "command" else "")
+            value = approval_requested_value(verdict.approval_id, title, {"provider": NAME, "toolName": tool_name})
+            (emit or getattr(ctx, "emit_custom_event", None) or (lambda *_: None))(APPROVAL_REQUESTED_EVENT, value)
+            message = f"needs approval ({verdict.approval_id}); denied until a person allows it"
+        else:
+            message = f"denied by the sandbox policy ({kind} {target!r})"
+        return json.dumps({"behavior": "deny", "message": message})
+
+    return define_tool(
+        APPROVAL_TOOL,
+        "Decides whether Claude Code may run a tool, by the sandbox policy.",
+        _APPROVAL_SCHEMA,
+        decide,
+        read_only=True,
+        threaded=False,
+    )

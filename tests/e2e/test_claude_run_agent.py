@@ -374,3 +374,63 @@ def test_real_claude_calls_a_host_python_tool_through_the_bridge(
     # The bearer token reached neither the events nor the workspace.
     wire = b"".join(encode_event(e) for e in events)
     assert b"Bearer" not in wire
+
+
+# -- the policy answers Claude's permission prompts (harness-bridge R18) ------------------------------
+
+
+def test_the_policy_decides_each_bash_command_of_the_real_claude(tmp_path: Path, claude_bin: str) -> None:
+    from boxwright.policy import define_sandbox_policy
+    from boxwright.workspace import define_workspace as workspace_with
+
+    model = FakeModelServer(
+        {
+            "policy": [
+                ToolCall("Bash", {"command": "echo hi > allowed.txt", "description": "allowed"}),
+                ToolCall("Bash", {"command": "rm -f keep.txt", "description": "denied"}),
+                ToolCall("Bash", {"command": "touch asked.txt", "description": "needs a person"}),
+                Text("Done."),
+            ]
+        }
+    )
+    model.start()
+    home = tmp_path / "home"
+    home.mkdir()
+    sandbox = define_sandbox(
+        "policy",
+        local_process_sandbox(base_dir=tmp_path / "sb"),
+        workspace_with(setup=["echo keep > keep.txt"]),
+        policy=define_sandbox_policy(default="ask", allow=["echo *"], deny=["rm *"]),
+    )
+    store = MemoryInstanceStore()
+
+    async def main() -> tuple[list[Event], list[str]]:
+        events = await _collect(
+            run_agent(
+                sandbox,
+                _harness(claude_bin, model, home),  # type: ignore[arg-type]
+                "[[script:policy]] tidy up",
+                thread_id="t-policy",
+                store=store,
+                host_env=_host_env(model),
+            )
+        )
+        again = await sandbox.ensure_existing(EnsureContext(thread_id="t-policy", run_id="check", store=store))
+        assert again is not None
+        present = [n for n in ("allowed.txt", "keep.txt", "asked.txt") if await again.handle.fs.exists(n)]
+        await again.handle.destroy()
+        return events, present
+
+    try:
+        events, present = asyncio.run(main())
+    finally:
+        model.stop()
+    assert events[-1].type == "RUN_FINISHED", _types(events)
+    assert present == ["allowed.txt", "keep.txt"], "allowed ran; denied and unapproved did not"
+    results = [e for e in events if isinstance(e, ToolCallResultEvent)]
+    assert len(results) == 3
+    assert results[0].state != "output-error"
+    assert results[1].state == "output-error" and "denied by the sandbox policy" in str(results[1].content)
+    assert results[2].state == "output-error" and "needs approval" in str(results[2].content)
+    asked = [e for e in events if isinstance(e, CustomEvent) and e.name == "approval-requested"]
+    assert len(asked) == 1 and asked[0].value["approvalId"] == "claude-code:command:touch asked.txt"

@@ -778,6 +778,8 @@ def test_every_option_in_order() -> None:
         "Be brief.",
         "--mcp-config",
         "/tmp/boxwright-mcp-r7.json",
+        "--permission-prompt-tool",
+        "mcp__boxwright__approval_prompt",
         "--json-schema",
         schema,
     ]
@@ -1149,3 +1151,44 @@ def test_host_auth_unsets_inherited_keys_so_the_cli_login_wins() -> None:
     assert "ANTHROPIC_API_KEY" not in out and "ANTHROPIC_AUTH_TOKEN" not in out and "PATH=" in out
     api = claude_code(executable="env").plan(ctx)
     assert api.env["ANTHROPIC_API_KEY"] == "sk-host" and not api.command.startswith("unset")
+
+
+def test_the_policy_prompt_tool_allows_denies_and_asks() -> None:
+    import json as _json
+
+    from boxwright.harnesses.claude_code import approval_prompt_tool
+
+    asked: list[tuple[str, object]] = []
+    policy = define_sandbox_policy(default="ask", allow=["echo *"], deny=["rm *"], file_write="allow")
+    decide = approval_prompt_tool(policy, emit=lambda name, value: asked.append((name, value))).execute
+
+    def verdict(tool_name: str, tool_input: dict[str, object]) -> dict[str, object]:
+        return _json.loads(decide({"tool_name": tool_name, "input": tool_input, "tool_use_id": "t"}, None))
+
+    assert verdict("Bash", {"command": "echo hi"}) == {"behavior": "allow", "updatedInput": {"command": "echo hi"}}
+    denied = verdict("Bash", {"command": "rm -rf /"})
+    assert denied["behavior"] == "deny" and "denied by the sandbox policy" in str(denied["message"])
+    assert verdict("Write", {"file_path": "a"})["behavior"] == "allow"  # fileWrite capability rule
+    waiting = verdict("Bash", {"command": "make deploy"})
+    assert waiting["behavior"] == "deny" and "needs approval" in str(waiting["message"])
+    assert asked == [
+        (
+            "approval-requested",
+            {
+                "approvalId": "claude-code:command:make deploy",
+                "title": "Approve Bash: make deploy",
+                "provider": "claude-code",
+                "toolName": "Bash",
+            },
+        )
+    ]
+    granted = approval_prompt_tool(policy, approvals={"claude-code:command:make deploy": True}).execute
+    assert _json.loads(granted({"tool_name": "Bash", "input": {"command": "make deploy"}}, None))["behavior"] == "allow"
+
+
+def test_no_prompt_tool_without_rules_or_under_bypass() -> None:
+    harness = claude_code()
+    assert harness.permission_tool(None) is None
+    assert harness.permission_tool(define_sandbox_policy(default="allow")) is None
+    assert harness.permission_tool(define_sandbox_policy(deny=["rm *"]), "bypassPermissions") is None
+    assert harness.permission_tool(define_sandbox_policy(deny=["rm *"])) is not None
