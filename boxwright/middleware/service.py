@@ -50,8 +50,8 @@ from boxwright.runs import (
     was_cancel_requested,
 )
 from boxwright.secrets import redact
-from boxwright.stores.base import LockStore, SandboxInstanceStore
-from boxwright.takeover import RunClaim, sandbox_run_driver
+from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
+from boxwright.takeover import RunClaim, align_to_stored_log, is_out_of_band, sandbox_run_driver
 from boxwright.tool_bridge.tools import Tool
 
 from .delivery import json_response, long_poll_response, sse_response, websocket_tail
@@ -124,15 +124,19 @@ class SandboxService:
         locks: LockStore | None = None,
         store: SandboxInstanceStore | None = None,
         factory: RunFactory | None = None,
+        lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
     ) -> None:
         self.runs = runs
         self.log = log
         self.factory = factory
+        # How long a dead driver's claim blocks a successor; renewed every third of it while alive.
+        self.lease_ttl_ms = lease_ttl_ms
         self._locks = locks
         self._store = store
         self._controller = RunController(runs, log)
         # Runs driven by this process: their in-process cancel band, and the task once started.
         self._driving: dict[str, tuple[AbortController, RunHandle | None]] = {}
+        self._resuming: dict[str, asyncio.Future[bool]] = {}
 
     async def start_run(
         self,
@@ -205,7 +209,9 @@ class SandboxService:
     ) -> RunRecord:
         assert self._locks is not None
         # A fresh run has no predecessor to wait out: no quiet window.
-        driver = sandbox_run_driver(self.runs, self._locks, self.log, _no_replay, fence_quiet_ms=0)
+        driver = sandbox_run_driver(
+            self.runs, self._locks, self.log, _no_replay, fence_quiet_ms=0, lease_ttl_ms=self.lease_ttl_ms
+        )
 
         async def body(claim: RunClaim) -> RunRecord:
             claim.signal.add_listener(lambda reason: abort.abort(reason))
@@ -257,8 +263,58 @@ class SandboxService:
         return await self.runs.get(run_id)
 
     async def events_response(self, run_id: str, request: Request) -> Response:
-        """SSE tail of ``run_id`` from the request's ``Last-Event-ID`` / ``?offset=``."""
+        """SSE tail of ``run_id`` from the request's ``Last-Event-ID`` / ``?offset=``.
+
+        A client coming back for a run whose driver died is also the moment to take it over.
+        """
+        await self.take_over_if_orphaned(run_id)
         return await sse_response(self.log, self.runs, run_id, request)
+
+    async def take_over_if_orphaned(self, run_id: str) -> bool:
+        """Start driving a running durable run that nobody here drives, from its journal.
+
+        Needs the factory (it rebuilds the sandbox and harness for the record's thread) and a
+        lock store that spans processes: the claim then waits out a live driver elsewhere and
+        fences a dead one. Returns whether a takeover was started; the claim may still refuse.
+        """
+        if self.factory is None or self._locks is None or not self._locks.durable or run_id in self._driving:
+            return False
+        if run_id in self._resuming:
+            return False
+        try:
+            record = await self.runs.get(check_run_id(run_id))
+        except Exception:
+            return False
+        if record is None or record.status != "running":
+            return False
+        spec = await _spec_for(self, StartRunRequest(prompt=RESUMED_PROMPT, thread_id=record.thread_id, run_id=run_id))
+        locks = self._locks
+
+        def replay(rid: str, tid: str, signal: AbortSignal) -> AsyncIterator[Event]:
+            events = run_agent(
+                spec.sandbox,
+                spec.harness,
+                RESUMED_PROMPT,
+                thread_id=tid,
+                run_id=rid,
+                tools=spec.tools,
+                signal=signal,
+                store=self._store,
+                locks=locks,
+                journal=JournalOptions(attach=True, runs=self.runs),
+                durability=RecordDurability(self.runs, rid),
+            )
+
+            async def stored() -> list[Event]:
+                return await self.log.snapshot(rid)
+
+            return align_to_stored_log(events, stored, out_of_band=is_out_of_band)
+
+        driver = sandbox_run_driver(self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms)
+        task = asyncio.ensure_future(driver.resume(run_id))
+        self._resuming[run_id] = task
+        task.add_done_callback(lambda _: self._resuming.pop(run_id, None))
+        return True
 
     async def poll_response(self, run_id: str, request: Request) -> Response:
         """Long-poll page of ``run_id`` after ``?offset=``."""
@@ -277,7 +333,8 @@ class SandboxService:
                 except Exception as exc:
                     log.error("run %r: could not cancel it at shutdown: %s", run_id, exc)
         await self._controller.drain()
-        pending = [entry[1].done for entry in self._driving.values() if entry[1] is not None]
+        pending: list[asyncio.Future[Any]] = [entry[1].done for entry in self._driving.values() if entry[1] is not None]
+        pending += list(self._resuming.values())
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
@@ -426,6 +483,10 @@ __all__ = [
     "StartRunRequest",
     "sandbox_routes",
 ]
+
+
+# run_agent wants a trailing user message; a takeover starts nothing, it re-reads the journal.
+RESUMED_PROMPT = "(resumed from the run journal)"
 
 
 def _no_replay(run_id: str, thread_id: str, signal: AbortSignal) -> AsyncIterator[Event]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -69,9 +70,12 @@ def test_journaled_run_matches_a_plain_run_and_survives_its_driver(kind: str, tm
         stream = run_agent(sandbox, harness, "go", thread_id=thread_id, run_id=run_id, store=store, **kw)  # type: ignore[arg-type]
         return [e async for e in stream]
 
+    # Journals of local-process sandboxes share the host's /tmp: run ids of this test's own.
+    tag = uuid.uuid4().hex[:8]
+
     async def main() -> None:
-        plain = await collect("plain", "t-plain")
-        journaled = await collect("journaled", "t-journaled", journal=JournalOptions())
+        plain = await collect(f"plain-{tag}", "t-plain")
+        journaled = await collect(f"journaled-{tag}", "t-journaled", journal=JournalOptions())
         assert isinstance(journaled[-1], RunFinishedEvent)
         text = "".join(e.delta for e in journaled if isinstance(e, TextMessageContentEvent))
         assert text == "".join(f"line {i}\n" for i in range(6))
@@ -86,7 +90,7 @@ def test_journaled_run_matches_a_plain_run_and_survives_its_driver(kind: str, tm
             harness,
             "go",
             thread_id="t-x",
-            run_id="r-x",
+            run_id=f"r-x-{tag}",
             store=store,
             journal=JournalOptions(),
             durability=detach,
@@ -98,7 +102,7 @@ def test_journaled_run_matches_a_plain_run_and_survives_its_driver(kind: str, tm
         assert len(detach.stamped) == 1, "the detach was recorded, the sandbox kept"
         assert not any(isinstance(e, (RunFinishedEvent, RunErrorEvent)) for e in seen)
         # Driver B attaches: the whole run, from the journal, to its real end.
-        replay = await collect("r-x", "t-x", journal=JournalOptions(attach=True))
+        replay = await collect(f"r-x-{tag}", "t-x", journal=JournalOptions(attach=True))
         replay_text = "".join(e.delta for e in replay if isinstance(e, TextMessageContentEvent))
         assert replay_text == text
         assert isinstance(replay[-1], RunFinishedEvent)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,13 @@ AGENT = 'for i in 1 2 3 4 5 6; do echo "line $i"; sleep 0.2; done'
 
 @pytest.mark.parametrize(("reason", "detaches"), [("host shutting down", True), (RUN_CANCEL_REASON, False)])
 def test_stopping_a_durable_driver_detaches_unless_cancelled(tmp_path: Path, reason: str, detaches: bool) -> None:
+    # Journals of local-process sandboxes share the host's /tmp: a run id of its own per test.
+    run = f"detach-{uuid.uuid4().hex}"
+
     async def main() -> None:
         runs, log = memory_run_backend()
-        await runs.create_or_resume("r1", "t1")
-        durability = RecordDurability(runs, "r1")
+        await runs.create_or_resume(run, "t1")
+        durability = RecordDurability(runs, run)
         controller = AbortController()
         sandbox = define_sandbox("d", local_process_sandbox(base_dir=tmp_path / "sb"))
         stream = run_agent(
@@ -33,7 +37,7 @@ def test_stopping_a_durable_driver_detaches_unless_cancelled(tmp_path: Path, rea
             command_harness(AGENT),
             "go",
             thread_id="t1",
-            run_id="r1",
+            run_id=run,
             store=MemoryInstanceStore(),
             journal=JournalOptions(),
             durability=durability,
@@ -41,25 +45,25 @@ def test_stopping_a_durable_driver_detaches_unless_cancelled(tmp_path: Path, rea
         )
 
         async def watch() -> None:
-            async for _offset, event in log.read("r1", "-1"):
+            async for _offset, event in log.read(run, "-1"):
                 if isinstance(event, TextMessageContentEvent):
                     controller.abort(reason)
                     return
 
         watcher = asyncio.ensure_future(watch())
         record = await pipe_to_run_log(
-            stream, runs, log, "r1", "t1", controller.signal, detached=lambda: durability.detached
+            stream, runs, log, run, "t1", controller.signal, detached=lambda: durability.detached
         )
         await watcher
-        stored = await log.snapshot("r1")
+        stored = await log.snapshot(run)
         if detaches:
             assert record.status == "running" and record.detached_since is not None and record.sandbox_key
-            assert not await log.is_closed("r1")
+            assert not await log.is_closed(run)
             assert not any(isinstance(e, RunErrorEvent) for e in stored)
             assert len(list((tmp_path / "sb").iterdir())) == 1, "the sandbox is kept for a successor"
         else:
             assert record.status == "aborted" and record.error is not None and record.error.code == "cancelled"
-            assert await log.is_closed("r1")
+            assert await log.is_closed(run)
             assert isinstance(stored[-1], RunErrorEvent)
             assert list((tmp_path / "sb").iterdir()) == []
 
