@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
@@ -52,7 +51,7 @@ from ..runs import (
     request_run_cancel,
     was_cancel_requested,
 )
-from .stores import _equal, _expect, _fail, _slug, _suite
+from .stores import _equal, _expect, _fail, _suite
 
 # How long a case waits for something that should happen promptly (a reader woken by an append).
 _PROMPT = 5.0
@@ -808,8 +807,7 @@ def run_store_suite(name: str, make: Factory[RunStore]) -> type:
 
     Bind it to a module-level ``Test...`` name.
     """
-    caller = sys._getframe(1).f_globals.get("__name__")
-    return _suite(f"TestRunStore_{_slug(name)}", name, cast(Callable[[], Any], make), RUN_STORE_CASES, caller)
+    return _suite("TestRunStore", name, make, RUN_STORE_CASES)
 
 
 def event_log_suite(name: str, make: Factory[Backend]) -> type:
@@ -817,8 +815,7 @@ def event_log_suite(name: str, make: Factory[Backend]) -> type:
 
     Bind it to a module-level ``Test...`` name.
     """
-    caller = sys._getframe(1).f_globals.get("__name__")
-    return _suite(f"TestEventLog_{_slug(name)}", name, cast(Callable[[], Any], make), EVENT_LOG_CASES, caller)
+    return _suite("TestEventLog", name, make, EVENT_LOG_CASES)
 
 
 __all__ = [

@@ -361,15 +361,15 @@ def _test_method(
     return test
 
 
-def _suite(
-    class_name: str, name: str, make: Callable[[], Any], cases: tuple[tuple[str, Any], ...], caller: object
-) -> type:
+def _suite(prefix: str, name: str, make: Any, cases: tuple[tuple[str, Any], ...]) -> type:
+    """The collectable class ``<prefix>_<name>``, attributed to the module of the public builder's caller."""
     namespace: dict[str, Any] = {"__doc__": f"Store conformance suite for {name!r}."}
     for test_name, case in cases:
-        namespace[test_name] = _test_method(name, make, test_name, case)
+        namespace[test_name] = _test_method(name, cast(Callable[[], Any], make), test_name, case)
+    caller = sys._getframe(2).f_globals.get("__name__")
     if isinstance(caller, str):
         namespace["__module__"] = caller
-    return type(class_name, (), namespace)
+    return type(f"{prefix}_{_slug(name)}", (), namespace)
 
 
 def run_instance_store_conformance(name: str, make_store: Factory[SandboxInstanceStore]) -> type:
@@ -377,8 +377,7 @@ def run_instance_store_conformance(name: str, make_store: Factory[SandboxInstanc
 
     Bind it to a module-level ``Test...`` name.
     """
-    caller = sys._getframe(1).f_globals.get("__name__")
-    return _suite(f"TestInstanceStore_{_slug(name)}", name, cast(Callable[[], Any], make_store), INSTANCE_CASES, caller)
+    return _suite("TestInstanceStore", name, make_store, INSTANCE_CASES)
 
 
 def lock_store_suite(name: str, make_locks: Factory[LockStore]) -> type:
@@ -386,8 +385,7 @@ def lock_store_suite(name: str, make_locks: Factory[LockStore]) -> type:
 
     Bind it to a module-level ``Test...`` name.
     """
-    caller = sys._getframe(1).f_globals.get("__name__")
-    return _suite(f"TestLockStore_{_slug(name)}", name, cast(Callable[[], Any], make_locks), LOCK_CASES, caller)
+    return _suite("TestLockStore", name, make_locks, LOCK_CASES)
 
 
 __all__ = [
