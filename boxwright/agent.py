@@ -44,6 +44,7 @@ from .journal import (
     RunLookup,
     await_attachable_journal,
     decode_base64_frame,
+    encode_run_id,
     journal_cleanup_command,
     journal_paths,
     journal_stderr_read_command,
@@ -70,13 +71,6 @@ DIFF_COMMAND = (
     "xargs -0 -r -n1 git diff --no-index -- /dev/null 2>/dev/null; true"
 )
 _DONE = object()
-
-
-def file_suffix(run_id: str) -> str:
-    """A filename-safe, injective token for per-run temp files."""
-    from .journal import encode_run_id
-
-    return encode_run_id(run_id)
 
 
 async def _write_files(handle: SandboxHandle, files: Mapping[str, str], cwd: str) -> None:
@@ -229,7 +223,7 @@ async def run_agent(
                 session_id=session_id,
                 auth_mode=auth_mode,
                 host_env=dict(os.environ if host_env is None else host_env),
-                file_suffix=file_suffix(run_id),
+                file_suffix=encode_run_id(run_id),
             )
             scrub = _Scrubber()
             if sandbox.workspace is not None:
