@@ -499,7 +499,7 @@ def test_exec_backed_shell_threads_cwd_and_env(provider):
 
 
 def test_exec_backed_shell_reports_an_exit_inside_a_step(provider):
-    ws = define_workspace(setup=["cd /workspace", "exit 5"])
+    ws = define_workspace(setup=["cd .", "exit 5"])
     with pytest.raises(SetupStepError) as err:
         asyncio.run(_run(provider, ws, writable_stdin=False))
     assert err.value.exit_code == 5 and err.value.command == "exit 5"
