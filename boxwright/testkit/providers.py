@@ -1082,12 +1082,17 @@ def _slug(text: str, limit: int = 60) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", text).strip("_").lower()[:limit].rstrip("_") or "unknown"
 
 
+def integration_required() -> bool:
+    """Under CI (``CI=true``) or with ``BOXWRIGHT_REQUIRE_INTEGRATION=1``, a missing component fails, never skips."""
+    return os.environ.get(REQUIRE_INTEGRATION_ENV) == "1" or os.environ.get("CI", "").lower() == "true"
+
+
 def skip_unavailable(name: str, reason: str) -> NoReturn:
-    """Skip because ``name`` cannot run here, or fail when ``BOXWRIGHT_REQUIRE_INTEGRATION=1``."""
+    """Skip because ``name`` cannot run here, or fail when integration is required (see ``integration_required``)."""
     import pytest
 
     message = f"{name}: {reason}"
-    if os.environ.get(REQUIRE_INTEGRATION_ENV) == "1":
+    if integration_required():
         pytest.fail(f"{message} ({REQUIRE_INTEGRATION_ENV}=1 requires it to run)")
     pytest.skip(message)
 
@@ -1182,6 +1187,7 @@ __all__ = [
     "case_kill_stops_delayed_writes",
     "fresh_sandbox",
     "host_pids",
+    "integration_required",
     "provider_contract_suite",
     "run_case",
     "skip_unavailable",

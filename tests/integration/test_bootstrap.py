@@ -40,6 +40,7 @@ from boxwright.workspace import (
     git_source,
     local_source,
 )
+from tests.support.require import missing
 
 COMMITS = 12
 
@@ -120,9 +121,7 @@ def _bwrap_or_skip():
     found = probe()
     if found.available:
         return
-    if os.environ.get("BOXWRIGHT_REQUIRE_INTEGRATION") == "1":
-        pytest.fail(f"bubblewrap required but unavailable: {found.reason}")
-    pytest.skip(f"bubblewrap unavailable: {found.reason}")
+    missing(f"bubblewrap unavailable: {found.reason}")
 
 
 @pytest.fixture(params=["local-process", "bubblewrap"])

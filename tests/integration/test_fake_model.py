@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
-
-import pytest
 
 from tests.fixtures import CLAUDE_RECORDINGS, claude_env, find_claude
 from tests.fixtures.fake_model import (
@@ -30,6 +27,7 @@ from tests.fixtures.fake_model import (
     ToolCall,
     ToolCalls,
 )
+from tests.support.require import missing
 
 TOOLS = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
 
@@ -295,9 +293,7 @@ def _claude() -> str:
     found = find_claude()
     if found is None:
         reason = "claude CLI not found (BOXWRIGHT_CLAUDE_BIN, PATH, /opt/boxwright-agents/node_modules/.bin/claude)"
-        if os.environ.get("BOXWRIGHT_REQUIRE_INTEGRATION") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing(reason)
     return found
 
 

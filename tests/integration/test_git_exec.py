@@ -1,7 +1,6 @@
 """Exec-backed git on the real providers, against a real repository made in the test."""
 
 import asyncio
-import os
 import subprocess
 
 import pytest
@@ -11,6 +10,7 @@ from boxwright.git_exec import ExecGit
 from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
 from boxwright.providers.bubblewrap import probe
 from boxwright.sandbox import ExecResult, ProcessOptions
+from boxwright.testkit.providers import integration_required
 
 
 def _git(cwd, *args):
@@ -37,7 +37,7 @@ def providers(tmp_path):
     found = [local_process_sandbox(base_dir=tmp_path / "lp")]
     if probe().available:
         found.append(bubblewrap_sandbox(base_dir=tmp_path / "bw", ro_binds=[str(tmp_path / "origin")]))
-    elif os.environ.get("BOXWRIGHT_REQUIRE_INTEGRATION") == "1":
+    elif integration_required():
         pytest.fail(f"bubblewrap required: {probe().reason}")
     return found
 

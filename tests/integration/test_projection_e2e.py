@@ -23,7 +23,7 @@ from boxwright.providers.bubblewrap import probe
 from boxwright.sandbox import ProcessOptions
 from boxwright.secrets import bearer, create_secrets
 from boxwright.workspace import agent_skill, bootstrap, define_workspace, git_skill, mcp_skill, workspace_hash
-from tests.support.require import agent_cli
+from tests.support.require import agent_cli, missing
 
 LOGGER = "boxwright.projection"
 
@@ -56,9 +56,7 @@ def provider(request, tmp_path, skills_repo):
         return local_process_sandbox(base_dir=tmp_path / "lp")
     found = probe()
     if not found.available:
-        if os.environ.get("BOXWRIGHT_REQUIRE_INTEGRATION") == "1":
-            pytest.fail(f"bubblewrap required: {found.reason}")
-        pytest.skip(f"bubblewrap unavailable: {found.reason}")
+        missing(f"bubblewrap unavailable: {found.reason}")
     # The pack lives on the host; the sandbox sees it read-only to clone it.
     return bubblewrap_sandbox(base_dir=tmp_path / "bw", ro_binds=[str(skills_repo.parent)])
 

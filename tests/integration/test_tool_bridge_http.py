@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +22,7 @@ from boxwright.tool_bridge import (
     start_host_tool_bridge,
     tool,
 )
+from tests.support.require import missing
 
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -30,9 +30,7 @@ ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "appl
 def require_mcp_sdk() -> None:
     if importlib.util.find_spec("mcp") is None:
         reason = "the official MCP SDK (`mcp`, in the dev extra) is not installed"
-        if os.environ.get("BOXWRIGHT_REQUIRE_INTEGRATION") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing(reason)
 
 
 @contextlib.asynccontextmanager

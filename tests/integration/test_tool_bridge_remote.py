@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -33,6 +32,7 @@ from boxwright.tool_bridge import (
     tool_exec_app,
     tool_exec_path,
 )
+from tests.support.require import missing
 
 
 class Todo(msgspec.Struct):
@@ -172,9 +172,7 @@ def test_stubs_round_trip_through_the_tool_exec_endpoint() -> None:
 def test_official_client_through_a_colocated_bridge_reaches_the_host_tool() -> None:
     if importlib.util.find_spec("mcp") is None:
         reason = "the official MCP SDK (`mcp`, in the dev extra) is not installed"
-        if os.environ.get("BOXWRIGHT_REQUIRE_INTEGRATION") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing(reason)
     try:
         import httpx2
         from mcp import ClientSession

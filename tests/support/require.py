@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from typing import NoReturn
 
 import pytest
 
-REQUIRE_INTEGRATION_ENV = "BOXWRIGHT_REQUIRE_INTEGRATION"
+from boxwright.testkit.providers import REQUIRE_INTEGRATION_ENV, integration_required
+
 AGENT_BIN = "/opt/boxwright-agents/node_modules/.bin"
 
 
 def missing(reason: str) -> NoReturn:
-    if os.environ.get(REQUIRE_INTEGRATION_ENV) == "1":
+    if integration_required():
         pytest.fail(f"required component missing ({REQUIRE_INTEGRATION_ENV}=1): {reason}")
     pytest.skip(reason)
 

@@ -37,6 +37,7 @@ from boxwright.harnesses.claude_code import ClaudeCodeHarness, claude_code
 from boxwright.policy import define_sandbox_policy
 from boxwright.sandbox import Capabilities
 from tests.fixtures import CLAUDE_RECORDINGS, claude_env, find_claude
+from tests.support.require import missing
 
 OFFICIAL_EVENT: TypeAdapter[Any] = TypeAdapter(agui.Event)
 SESSION = "00000000-0000-4000-8000-000000000001"
@@ -1068,9 +1069,7 @@ def test_real_claude_runs_the_plan_and_the_translator_reads_it(tmp_path: Path) -
     """The plan against the real binary: settings sources, bypassPermissions as root, MCP bridge, prompt file."""
     claude = find_claude()
     if claude is None:
-        if os.environ.get("BOXWRIGHT_REQUIRE_INTEGRATION") == "1":
-            pytest.fail("the claude CLI is required (BOXWRIGHT_REQUIRE_INTEGRATION=1) but was not found")
-        pytest.skip("the claude CLI is not installed (set BOXWRIGHT_CLAUDE_BIN or install @anthropic-ai/claude-code)")
+        missing("the claude CLI is not installed (set BOXWRIGHT_CLAUDE_BIN or install @anthropic-ai/claude-code)")
     from tests.fixtures.fake_model import FakeModelServer, Step, Text, ToolCall
     from tests.fixtures.record_claude import McpToolServer
 
