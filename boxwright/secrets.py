@@ -175,18 +175,76 @@ def resolve_all_secrets(secrets: Secrets | None) -> dict[str, str]:
 # -- redaction ------------------------------------------------------------------------------------
 
 _values_lock = threading.Lock()
-# Rebound, never mutated, so readers on any thread see a consistent set without the lock.
+# Values registered for the life of the process: an app's configured secrets (bounded by its config).
+_process_values: frozenset[str] = frozenset()
+# Rebound, never mutated, so readers on any thread see a consistent set without the lock: the
+# process-wide values plus those of every open ``SecretScope``.
 _redacted: frozenset[str] = frozenset()
+_open_scopes: dict[int, SecretScope] = {}
+
+
+def _recompute() -> None:
+    global _redacted
+    union: set[str] = set(_process_values)
+    for scope in _open_scopes.values():
+        union |= scope.values
+    _redacted = frozenset(union)
 
 
 def register_secret_values(values: Iterable[str]) -> None:
-    """Mask these values from now on (process-wide). Empty strings are ignored: they occur everywhere."""
-    global _redacted
+    """Mask these values from now on, for the life of the process. Empty strings are ignored: they occur everywhere.
+
+    For values that belong to one run (its bridge token, a minted credential) use that run's
+    ``SecretScope``: process-wide values only ever grow, and every log record pays for each one.
+    """
+    global _process_values
     new = {v for v in values if isinstance(v, str) and v}
-    if new <= _redacted:
+    if new <= _process_values:
         return
     with _values_lock:
-        _redacted = _redacted | new
+        _process_values = _process_values | new
+        _recompute()
+
+
+class SecretScope:
+    """The secret values of one run: masked by ``redact`` and in logs while the scope is open.
+
+    ``with SecretScope() as scope: scope.add(...)``. On exit the values are released (unless
+    another open scope or the process-wide set holds them too), so a long-lived service that runs
+    many agents does not mask, and pay for, every token it ever minted.
+    """
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self._values: frozenset[str] = frozenset(v for v in values if isinstance(v, str) and v)
+
+    @property
+    def values(self) -> frozenset[str]:
+        return self._values
+
+    def add(self, values: Iterable[str]) -> None:
+        new = frozenset(v for v in values if isinstance(v, str) and v)
+        if new <= self._values:
+            return
+        with _values_lock:
+            self._values = self._values | new
+            if id(self) in _open_scopes:
+                _recompute()
+
+    def redact(self, text: str) -> str:
+        """``text`` with this scope's values (and every other registered one) masked."""
+        return redact(text)
+
+    def __enter__(self) -> SecretScope:
+        with _values_lock:
+            _open_scopes[id(self)] = self
+            _recompute()
+        install_secret_redaction()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _values_lock:
+            _open_scopes.pop(id(self), None)
+            _recompute()
 
 
 def _remember(values: Iterable[str]) -> None:
