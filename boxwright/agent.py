@@ -23,7 +23,8 @@ import msgspec
 
 from .abort import AbortSignal
 from .auth import AuthMode
-from .definition import EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
+from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
+from .errors import DurableRunIdRequiredError, HalfDurableRunError
 from .events import (
     CustomEvent,
     Event,
@@ -53,6 +54,7 @@ from .journal import (
     start_journaled_agent,
 )
 from .projection import TARGETS, project_workspace, projection_for
+from .runs import RUN_ABORTED_CODE, RUN_CANCELLED_CODE
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .secrets import MASK, redact, register_secret_values, resolve_all_secrets
 from .shell import quote
@@ -185,8 +187,17 @@ async def run_agent(
 
     ``journal`` makes the agent outlive this process; ``durability`` (the run record) decides
     what a dropped consumer means: detach (keep the sandbox) unless a cancel is recorded.
+    Durability is one opt-in: ``durability`` without ``journal`` raises ``HalfDurableRunError``
+    (journal alone is a journaled agent that ends with its sandbox), and a journaled run needs
+    the caller's ``run_id`` (``DurableRunIdRequiredError``). Both raise on the first step.
     """
+    if journal is not None and not run_id:
+        # A successor recomputes the journal path from the run id: a generated one could never be found.
+        raise DurableRunIdRequiredError(harness.name)
     run_id = run_id or uuid.uuid4().hex
+    if durability is not None and journal is None:
+        # Kept sandbox, killed agent: the half state the seed rules out (durability is ONE opt-in).
+        raise HalfDurableRunError(run_id)
     frame = RunFrame(thread_id, run_id)
     for event in frame.start():
         yield event
@@ -240,7 +251,12 @@ async def run_agent(
     if signal is not None and signal.aborted:
         if scope.ending == "detached":
             return  # the agent goes on in its sandbox; a later driver reports how it ends
-        for event in frame.error(f"run cancelled: {signal.reason}", "cancelled"):
+        # Coded so a run log records ``aborted``, never ``failed``: a stop is not a failure.
+        if signal.reason == CANCEL_REASON:
+            message, code = "the run was cancelled", RUN_CANCELLED_CODE
+        else:
+            message, code = f"the run was aborted: {signal.reason}", RUN_ABORTED_CODE
+        for event in frame.error(message, code):
             yield event
 
 

@@ -43,6 +43,15 @@ class Lifecycle(msgspec.Struct, frozen=True, kw_only=True):
     destroy_on_complete: bool = False
     snapshot_max_age: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.keep_alive is not None:
+            # Accepting it and doing nothing would let an app believe its sandboxes expire.
+            raise ValueError(
+                f"Lifecycle(keep_alive={self.keep_alive!r}) is not supported: boxwright has no idle timer, a "
+                "completed run's sandbox stays until it is destroyed (destroy_on_complete=True destroys it after "
+                "every run); leave keep_alive unset"
+            )
+
 
 HandleHook = Callable[[SandboxHandle], Awaitable[None] | None]
 ErrorHook = Callable[[BaseException], Awaitable[None] | None]

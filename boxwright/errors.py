@@ -271,6 +271,17 @@ class DurableRunIdRequiredError(BoxwrightError, ValueError):
         )
 
 
+class HalfDurableRunError(BoxwrightError, ValueError):
+    """``durability=`` without ``journal=``: the sandbox would be kept while the agent in it is killed."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r}: durability is one opt-in: durability= (keep the sandbox when the consumer goes) "
+            "needs journal=JournalOptions() (the agent outlives the consumer); pass both, or neither"
+        )
+
+
 class DurableThreadIdRequiredError(BoxwrightError, ValueError):
     """Attaching to a durable run needs the thread id the run was started with."""
 
@@ -357,6 +368,18 @@ class RunThreadMismatchError(BoxwrightError, ValueError):
         self.thread_id = thread_id
         self.existing_thread_id = existing_thread_id
         super().__init__(f"run {run_id!r} belongs to another thread, not to {thread_id!r}")
+
+
+class ThreadBusyError(BoxwrightError, RuntimeError):
+    """A run was started on a thread that has an active run (an HTTP 409 ``thread_busy``)."""
+
+    def __init__(self, thread_id: str, active_run_id: str) -> None:
+        self.thread_id = thread_id
+        self.active_run_id = active_run_id
+        super().__init__(
+            f"thread {thread_id!r} has an active run {active_run_id!r}: one run per thread at a time; "
+            "wait for it to end or cancel it (POST /runs/{id}/cancel), or choose SandboxService(thread_runs='queue')"
+        )
 
 
 class RunClaimNotAcquiredError(BoxwrightError):

@@ -65,6 +65,10 @@ log = logging.getLogger("boxwright.runs")
 
 RUN_CANCEL_REASON: Final = "boxwright:cancel-requested"
 RUN_ACCEPTED_EVENT: Final = "run.accepted"
+# RUN_ERROR codes that mean the run was stopped, not that it broke: its status is ``aborted``.
+RUN_CANCELLED_CODE: Final = "cancelled"
+RUN_ABORTED_CODE: Final = "aborted"
+ABORT_ERROR_CODES: Final = frozenset({RUN_CANCELLED_CODE, RUN_ABORTED_CODE})
 DURABILITY_BATCH: Final = 32
 # A batch is cut early at these, so a reader sees a run start, a tool call complete and a run end at once.
 FLUSH_EVENT_TYPES: Final = frozenset({"RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "TOOL_CALL_END"})
@@ -496,7 +500,13 @@ class _Pump:
 
     def observe(self, event: Event) -> None:
         if isinstance(event, RunErrorEvent):
-            self.note_failure(RunError(message=event.message, code=event.code))
+            error = RunError(message=event.message, code=event.code)
+            if event.code in ABORT_ERROR_CODES:
+                # The producer reporting its own abort (a driver under a claim has no signal here):
+                # a cancelled run ends ``aborted``, never ``failed``.
+                self.abort = self.abort or error
+            else:
+                self.note_failure(error)
             self.usage = total_usage(event.usage) or self.usage
         elif isinstance(event, RunFinishedEvent):
             self.usage = total_usage(event.usage) or self.usage
@@ -509,10 +519,10 @@ class _Pump:
         if self.abort is not None:
             return
         if reason == RUN_CANCEL_REASON:
-            self.abort = RunError(message="the run was cancelled", code="cancelled")
+            self.abort = RunError(message="the run was cancelled", code=RUN_CANCELLED_CODE)
         else:
             shown = _describe(reason) if isinstance(reason, BaseException) else str(reason)
-            self.abort = RunError(message=f"the run was aborted: {shown}", code="aborted")
+            self.abort = RunError(message=f"the run was aborted: {shown}", code=RUN_ABORTED_CODE)
 
     # -- the log side --
 
@@ -673,8 +683,10 @@ async def pipe_to_run_log(
       RUN_ERROR and TOOL_CALL_END, and whenever the stream has nothing ready (so a pause in the
       agent never holds events back from readers). A batch is never retried.
     - A RUN_ERROR event, a raising stream, or a failing append ends the run ``failed`` with that
-      error; ``signal`` (checked before each pull, and raced against a pull that waits) ends it
-      ``aborted`` (``code="cancelled"`` for ``RUN_CANCEL_REASON``); otherwise ``completed``. An
+      error, but a RUN_ERROR coded ``cancelled`` or ``aborted`` (the producer reporting its own
+      abort) ends it ``aborted``; ``signal`` (checked before each pull, and raced against a pull
+      that waits) ends it ``aborted`` (``code="cancelled"`` for ``RUN_CANCEL_REASON``); otherwise
+      ``completed``. An
       early end appends a closing RUN_ERROR unless the last event landed already was one; if that
       append fails, its error is added to the message (``; append: ...``).
     - Then the status is written (fenced at ``epoch``) and the log closed, each guarded. A failed
@@ -830,11 +842,14 @@ class RunController:
 
 
 __all__ = [
+    "ABORT_ERROR_CODES",
     "DURABILITY_BATCH",
     "FLUSH_EVENT_TYPES",
     "NOW_OFFSET",
     "PATCH_FIELDS",
+    "RUN_ABORTED_CODE",
     "RUN_ACCEPTED_EVENT",
+    "RUN_CANCELLED_CODE",
     "RUN_CANCEL_REASON",
     "RUN_STATUSES",
     "START_OFFSET",

@@ -459,9 +459,12 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         if before is None:
             return _error(404, "unknown run", "unknown_run")
         if is_terminal_status(before.status):
-            return json_response(200, {"runId": run_id, "status": before.status, "cancelRequested": False})
-        await service.cancel_run(run_id)
-        return json_response(202, {"runId": run_id, "cancelRequested": True})
+            # What the record says: a cancelled run that ended stays cancel-requested.
+            requested = before.cancel_requested is True
+            return json_response(200, {"runId": run_id, "status": before.status, "cancelRequested": requested})
+        after = await service.cancel_run(run_id)
+        requested = after is None or after.cancel_requested is True
+        return json_response(202, {"runId": run_id, "cancelRequested": requested})
 
     return [
         Route("/runs", trigger, methods=["POST"]),

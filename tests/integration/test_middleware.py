@@ -90,6 +90,7 @@ def test_cancel_route_aborts_the_run_and_destroys_its_sandbox(tmp_path: Path) ->
             # Cancelling a finished run changes nothing.
             again = await stack.client.post(f"/runs/{run_id}/cancel")
             assert again.status_code == 200 and again.json()["status"] == "aborted"
+            assert again.json()["cancelRequested"] is True, "the answer agrees with the record"
             assert (await stack.client.get(f"/runs/{kept}")).json()["status"] == "completed"
 
     run_async(main)
