@@ -30,7 +30,7 @@ from .events import (
     decode_event,
     encode_event,
 )
-from .secrets import MASK
+from .secrets import MASK, SecretScope
 
 _DeltaEvent = TextMessageContentEvent | ToolCallArgsEvent | ReasoningMessageContentEvent
 _StreamKey = tuple[str, str]
@@ -50,10 +50,12 @@ class EventScrubber:
     """Per run: ``feed`` each event, get back the events to publish (none, one or several).
 
     A terminal event (RUN_FINISHED / RUN_ERROR) first flushes every open stream, so no held text
-    is lost; ``flush()`` does the same for a run that ends without one.
+    is lost; ``flush()`` does the same for a run that ends without one. With a ``scope``, every
+    value added is also masked in logs and errors while that scope is open.
     """
 
-    def __init__(self, values: Iterable[str] = ()) -> None:
+    def __init__(self, values: Iterable[str] = (), *, scope: SecretScope | None = None) -> None:
+        self._scope = scope
         self._needles: list[str] = []
         self._prefixes: set[str] = set()
         self._longest = 0
@@ -61,6 +63,9 @@ class EventScrubber:
         self.add(values)
 
     def add(self, values: Iterable[str]) -> None:
+        values = [v for v in values if v]
+        if self._scope is not None:
+            self._scope.add(values)
         needles = set(self._needles)
         for value in values:
             if value:
@@ -71,6 +76,11 @@ class EventScrubber:
         self._needles = sorted(needles, key=len, reverse=True)
         self._prefixes = {n[:i] for n in self._needles for i in range(1, len(n))}
         self._longest = len(self._needles[0]) if self._needles else 0
+
+    @property
+    def longest(self) -> int:
+        """The length of the longest value masked (in any of its encodings)."""
+        return self._longest
 
     def mask(self, text: str) -> str:
         for needle in self._needles:
