@@ -21,7 +21,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 from starlette.requests import Request
@@ -33,7 +33,7 @@ from starlette.websockets import WebSocket
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
-from boxwright.errors import InvalidRunIdError, RunThreadMismatchError
+from boxwright.errors import InvalidRunIdError, RunThreadMismatchError, ThreadBusyError
 from boxwright.events import Event, now_ms
 from boxwright.harnesses.base import Harness, Message
 from boxwright.runs import (
@@ -60,6 +60,9 @@ log = logging.getLogger("boxwright.middleware")
 
 STATE_KEY: Final = "boxwright"
 MAX_TRIGGER_BODY: Final = 2 * 1024 * 1024
+# How often a queued run looks whether its thread's active run, driven by another process, has ended.
+QUEUE_POLL_S: Final = 0.5
+ThreadRuns: TypeAlias = Literal["busy", "queue"]
 # What a client may choose as a run id: it lands in URLs, headers and logs (coordinator R37).
 _CLIENT_RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -113,7 +116,10 @@ class SandboxService:
     """Starts, tails and cancels agent runs for one app; one per process, shared by every request.
 
     ``factory`` serves ``POST /runs`` (``sandbox_routes``); ``store`` and ``locks`` are handed
-    to ``run_agent`` for sandbox reuse (defaults: the process-wide ones).
+    to ``run_agent`` for sandbox reuse (defaults: the process-wide ones). A thread has one
+    active run at a time, since its runs share one sandbox: ``thread_runs="busy"`` (the default)
+    refuses a second start with ``ThreadBusyError`` (HTTP 409 ``thread_busy``), ``"queue"``
+    records it at once and starts its agent when the thread's active run has ended.
     """
 
     def __init__(
@@ -125,8 +131,14 @@ class SandboxService:
         store: SandboxInstanceStore | None = None,
         factory: RunFactory | None = None,
         lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+        thread_runs: ThreadRuns = "busy",
     ) -> None:
+        if thread_runs not in ("busy", "queue"):
+            raise ValueError(f"thread_runs is 'busy' or 'queue', not {thread_runs!r}")
         self.runs = runs
+        # One active run per thread: a second start is refused (busy) or waits for the first (queue).
+        self.thread_runs = thread_runs
+        self._thread_locks: dict[str, asyncio.Lock] = {}
         self.log = log
         self.factory = factory
         # How long a dead driver's claim blocks a successor; renewed every third of it while alive.
@@ -156,21 +168,29 @@ class SandboxService:
         nothing (a retried trigger); one of another thread raises ``RunThreadMismatchError``.
         """
         run_id = check_run_id(run_id or uuid.uuid4().hex)
-        existing = await self.runs.get(run_id)
-        if existing is not None:
-            if existing.thread_id != thread_id:
-                raise RunThreadMismatchError(run_id, thread_id, existing.thread_id)
-            return run_id
-        if run_id in self._driving:
-            return run_id
-        abort = AbortController()
-        self._driving[run_id] = (abort, None)  # claimed before the first await below: one drive per id
-        try:
-            # The record exists before any provisioning, so a cancel or a tail finds the run at once.
-            await self.runs.create_or_resume(run_id, thread_id)
-        except BaseException:
-            del self._driving[run_id]
-            raise
+        lock = self._thread_locks.setdefault(thread_id, asyncio.Lock())
+        # Serialised per thread: two starts racing must not both find the thread idle.
+        async with lock:
+            existing = await self.runs.get(run_id)
+            if existing is not None:
+                if existing.thread_id != thread_id:
+                    raise RunThreadMismatchError(run_id, thread_id, existing.thread_id)
+                return run_id
+            if run_id in self._driving:
+                return run_id
+            active = await self.runs.find_active_run(thread_id)
+            if active is not None and self.thread_runs == "busy":
+                raise ThreadBusyError(thread_id, active.run_id)
+            abort = AbortController()
+            self._driving[run_id] = (abort, None)  # claimed before the next await: one drive per id
+            try:
+                # The record exists before any provisioning, so a cancel or a tail finds the run at once.
+                await self.runs.create_or_resume(run_id, thread_id)
+            except BaseException:
+                del self._driving[run_id]
+                raise
+        if not lock.locked() and self._thread_locks.get(thread_id) is lock:
+            del self._thread_locks[thread_id]
         durability = RecordDurability(self.runs, run_id) if durable else None
         events = run_agent(
             sandbox,
@@ -185,6 +205,8 @@ class SandboxService:
             journal=JournalOptions() if durable else None,
             durability=durability,
         )
+        if active is not None:
+            events = self._after(active.run_id, abort.signal, events)
         detached = (lambda: durability.detached) if durability is not None else None
         if durability is not None and self._locks is not None and self._locks.durable:
             # Several replicas share this store: drive under the run's claim (epoch 1), so a
@@ -227,6 +249,28 @@ class SandboxService:
             if record is None:
                 raise
             return record
+
+    async def _after(self, previous: str, signal: AbortSignal, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        """``events``, once run ``previous`` (the thread's active run) has ended: a thread's queue."""
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
+            while not signal.aborted:
+                entry = self._driving.get(previous)
+                if entry is not None and entry[1] is not None:
+                    # Driven here: its end is an event to wait for, not something to poll.
+                    aborted = asyncio.ensure_future(signal.wait())
+                    try:
+                        await asyncio.wait({entry[1].done, aborted}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        aborted.cancel()
+                    continue
+                record = await self.runs.get(previous)
+                if record is None or is_terminal_status(record.status):
+                    break
+                await asyncio.sleep(QUEUE_POLL_S)
+            if signal.aborted:
+                return  # cancelled while queued: nothing started; the pump records the abort
+            async for event in events:
+                yield event
 
     def _forget(self, run_id: str, abort: AbortController, _task: object) -> None:
         entry = self._driving.get(run_id)
@@ -431,6 +475,8 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
             )
         except RunThreadMismatchError as exc:
             return _error(409, str(exc), "thread_mismatch")
+        except ThreadBusyError as exc:
+            return json_response(409, {"error": str(exc), "code": "thread_busy", "activeRunId": exc.active_run_id})
         except InvalidRunIdError as exc:
             return _error(400, str(exc), "invalid_run_id")
         except Exception as exc:

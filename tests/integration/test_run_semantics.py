@@ -11,19 +11,22 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
+from starlette.applications import Starlette
 
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.errors import DurableRunIdRequiredError, HalfDurableRunError
 from boxwright.events import Event
 from boxwright.harnesses.command import command_harness
-from boxwright.middleware import SandboxService
+from boxwright.middleware import RunSpec, SandboxService, StartRunRequest, sandbox_routes
 from boxwright.middleware.service import RecordDurability
 from boxwright.providers import local_process_sandbox
 from boxwright.stores.memory import MemoryInstanceStore, memory_run_backend
 from boxwright.stores.sqlite import SqliteLockStore, open_database, sqlite_run_backend
+from boxwright.tool_bridge.asgi import serve_asgi
 
 
 def _tag() -> str:
@@ -112,3 +115,85 @@ def test_keep_alive_is_refused_with_what_to_do_instead() -> None:
     with pytest.raises(msgspec.ValidationError, match="keep_alive"):
         msgspec.convert({"keep_alive": "30m"}, Lifecycle)
     assert Lifecycle(destroy_on_complete=True).keep_alive is None
+
+
+def _service_app(service: SandboxService) -> Any:
+    return Starlette(routes=sandbox_routes(service))
+
+
+def test_a_second_start_on_a_busy_thread_gets_409_thread_busy_naming_the_active_run(tmp_path: Path) -> None:
+    async def main() -> None:
+        runs, log = memory_run_backend()
+        sandbox = define_sandbox("busy", local_process_sandbox(base_dir=tmp_path / "sb"), file_events=False)
+
+        def factory(body: StartRunRequest) -> RunSpec:
+            return RunSpec(sandbox=sandbox, harness=command_harness(body.prompt), durable=False)
+
+        service = SandboxService(runs, log, store=MemoryInstanceStore(), factory=factory)
+        server = await serve_asgi(_service_app(service))
+        thread = f"t-{_tag()}"
+        try:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                first = await client.post("/runs", json={"prompt": "echo one; sleep 60", "threadId": thread})
+                assert first.status_code == 202, first.text
+                active = first.json()["runId"]
+                await _until_log_has(log, active, "TEXT_MESSAGE_CONTENT", 20)
+                second = await client.post("/runs", json={"prompt": "echo two", "threadId": thread})
+                assert second.status_code == 409, second.text
+                body = second.json()
+                assert body["code"] == "thread_busy" and body["activeRunId"] == active
+                assert active in body["error"] and "cancel" in body["error"]
+                # Another thread is not affected; a retried trigger of the active run is not refused.
+                other = await client.post("/runs", json={"prompt": "echo other", "threadId": f"{thread}-b"})
+                assert other.status_code == 202, other.text
+                retried = await client.post("/runs", json={"prompt": "x", "threadId": thread, "runId": active})
+                assert retried.status_code == 202 and retried.json()["runId"] == active
+                # Once the active run has ended, the thread takes a new run.
+                await client.post(f"/runs/{active}/cancel")
+                assert (await asyncio.wait_for(service.wait_run(active), 30)).status == "aborted"  # type: ignore[union-attr]
+                third = await client.post("/runs", json={"prompt": "echo three", "threadId": thread})
+                assert third.status_code == 202, third.text
+        finally:
+            await server.close()
+            await service.aclose(cancel=True)
+
+    asyncio.run(main())
+
+
+def test_the_queue_option_runs_a_threads_runs_one_after_the_other(tmp_path: Path) -> None:
+    async def main() -> None:
+        runs, log = memory_run_backend()
+        sandbox = define_sandbox("queue", local_process_sandbox(base_dir=tmp_path / "sb"), file_events=False)
+        service = SandboxService(runs, log, store=MemoryInstanceStore(), thread_runs="queue")
+        thread = f"t-{_tag()}"
+        marks = tmp_path / "marks"
+        try:
+            # Each run notes when it starts and ends; run 1 is still sleeping when run 2 is started.
+            first = await service.start_run(
+                sandbox,
+                command_harness(f"echo start-1 >> {marks}; sleep 1; echo end-1 >> {marks}"),
+                "go",
+                thread_id=thread,
+                durable=False,
+            )
+            second = await service.start_run(
+                sandbox,
+                command_harness(f"echo start-2 >> {marks}; echo end-2 >> {marks}"),
+                "go",
+                thread_id=thread,
+                durable=False,
+            )
+            assert (await runs.get(second)) is not None, "a queued run is recorded at once"
+            done = [await asyncio.wait_for(service.wait_run(r), 30) for r in (first, second)]
+            assert [r.status for r in done if r is not None] == ["completed", "completed"]
+            assert marks.read_text().split() == ["start-1", "end-1", "start-2", "end-2"]
+        finally:
+            await service.aclose(cancel=True)
+
+    asyncio.run(main())
+
+
+def test_thread_runs_takes_only_busy_or_queue() -> None:
+    runs, log = memory_run_backend()
+    with pytest.raises(ValueError, match="'busy' or 'queue'"):
+        SandboxService(runs, log, thread_runs="parallel")  # type: ignore[arg-type]
