@@ -34,6 +34,7 @@ from .events import (
     create_run_scoped_id_gen,
     decode_event,
     encode_event,
+    now_ms,
 )
 from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
@@ -199,15 +200,16 @@ async def run_agent(
         # Kept sandbox, killed agent: the half state the seed rules out (durability is ONE opt-in).
         raise HalfDurableRunError(run_id)
     frame = RunFrame(thread_id, run_id)
+    clock = _RunClock()
     for event in frame.start():
-        yield event
+        yield clock(event)
     if isinstance(messages, str):
         messages = [Message(role="user", content=messages)]
     try:
         prompt, system = _prompt_from_messages(messages, harness.name)
     except ValueError as exc:
         for event in frame.error(str(exc), "invalid_input"):
-            yield event
+            yield clock(event)
         return
     ctx = EnsureContext(
         thread_id=thread_id,
@@ -241,12 +243,12 @@ async def run_agent(
                 scrub.add(resolve_all_secrets(sandbox.workspace.secrets).values())
             drive = _drive(sandbox, scope.handle, harness, hctx, frame, signal, tools or (), bridge, journal, scrub)
             async for event in drive:
-                yield scrub(event)
+                yield clock(scrub(event))
     except Exception as exc:
         # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
         log.warning("run %s failed: %s", run_id, exc)
         for event in frame.error(redact(f"{type(exc).__name__}: {exc}"), _error_code(exc)):
-            yield event
+            yield clock(event)
         return
     if signal is not None and signal.aborted:
         if scope.ending == "detached":
@@ -257,7 +259,24 @@ async def run_agent(
         else:
             message, code = f"the run was aborted: {signal.reason}", RUN_ABORTED_CODE
         for event in frame.error(message, code):
-            yield event
+            yield clock(event)
+
+
+class _RunClock:
+    """Stamps each event as run_agent emits it, never earlier than the one before.
+
+    A translator stamps an event when it reads the agent's line, and the terminal one is held
+    back for the file events and the diff: a client ordering by time must see the run end last.
+    """
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def __call__(self, event: Event) -> Event:
+        self.last = max(now_ms(), self.last)
+        if event.timestamp == self.last:
+            return event
+        return msgspec.structs.replace(event, timestamp=self.last)
 
 
 def _error_code(exc: BaseException) -> str:

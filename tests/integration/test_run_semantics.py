@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.errors import DurableRunIdRequiredError, HalfDurableRunError
-from boxwright.events import Event
+from boxwright.events import CustomEvent, Event, RunFinishedEvent, encode_event
 from boxwright.harnesses.command import command_harness
 from boxwright.middleware import RunSpec, SandboxService, StartRunRequest, sandbox_routes
 from boxwright.middleware.service import RecordDurability
@@ -197,3 +197,27 @@ def test_thread_runs_takes_only_busy_or_queue() -> None:
     runs, log = memory_run_backend()
     with pytest.raises(ValueError, match="'busy' or 'queue'"):
         SandboxService(runs, log, thread_runs="parallel")  # type: ignore[arg-type]
+
+
+def test_events_are_stamped_when_emitted_so_the_run_ends_last_in_time(tmp_path: Path) -> None:
+    # The agent's own RUN_FINISHED carries a stale stamp and is held back for the file events and
+    # the diff: as emitted, every stamp is at least the one before, and file.changed has one.
+    finished = encode_event(RunFinishedEvent(thread_id="t", run_id="r", timestamp=1)).decode()
+    agent = (
+        "git init -q . && echo said && sleep 0.05 && echo new > made.txt && sleep 0.05 && "
+        f"printf '%s\\n' '{finished}'"
+    )
+    sandbox = define_sandbox("stamps", local_process_sandbox(base_dir=tmp_path / "sb"))
+
+    async def main() -> list[Event]:
+        stream: Any = run_agent(sandbox, command_harness(agent), "go", thread_id=f"t-{_tag()}")
+        async with contextlib.aclosing(stream) as events:
+            return [event async for event in events]
+
+    events = asyncio.run(main())
+    kinds = [e.name if isinstance(e, CustomEvent) else e.type for e in events]
+    assert kinds[-1] == "RUN_FINISHED" and "file.changed" in kinds and "sandbox.file" in kinds, kinds
+    stamps = [e.timestamp for e in events]
+    assert all(isinstance(s, int) for s in stamps), list(zip(kinds, stamps, strict=True))
+    assert stamps == sorted(stamps), list(zip(kinds, stamps, strict=True))
+    assert stamps[-1] >= max(s for s in stamps if s is not None) > 1
