@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.util
+import logging
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -26,30 +27,49 @@ class Check(msgspec.Struct):
     detail: str
 
 
-def _docker_check() -> Check:
-    if importlib.util.find_spec("docker") is None:
+# Names a user of other sandbox libraries looks for: listed so that doctor says plainly they are not here yet.
+NOT_SUPPORTED_YET = (
+    ("provider", "docker"),
+    ("provider", "e2b"),
+    ("agent-cli", "codex"),
+    ("agent-cli", "opencode"),
+    ("agent-cli", "grok-build"),
+)
+NOT_SUPPORTED = "not supported yet: boxwright has no provider or harness for it"
+
+
+def _claude_login(home: str) -> str | None:
+    """Where the Claude Code CLI keeps its own login, when it has one (never read: only its presence)."""
+    config = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude")
+    credentials = os.path.join(config, ".credentials.json")
+    return credentials if os.path.isfile(credentials) and os.path.getsize(credentials) > 0 else None
+
+
+def _claude_auth_check() -> Check:
+    """A model key or a CLI login: the run fails at the first model call without one. Never prints a key."""
+    from .auth import HARNESS_KEY_ENV
+
+    keys = [name for name in HARNESS_KEY_ENV["claude-code"] if os.environ.get(name)]
+    login = _claude_login(os.path.expanduser("~"))
+    if keys:
+        via_login = f"; a login in {login} too" if login else ""
+        return Check("agent-auth", "claude-code", True, f"model key in ${keys[0]} (passed to the agent){via_login}")
+    if os.environ.get("CLAUDE_CODE_OAUTH_TOKEN"):
+        return Check("agent-auth", "claude-code", True, "login token in $CLAUDE_CODE_OAUTH_TOKEN")
+    if login:
         return Check(
-            "provider", "docker", False, "the `docker` extra is not installed: pip install 'boxwright[docker]'"
+            "agent-auth",
+            "claude-code",
+            True,
+            f"the CLI's own login in {login} (local-process runs see it; a bubblewrap sandbox has its own "
+            "HOME, so set ANTHROPIC_API_KEY for those)",
         )
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if host.startswith("unix://"):
-        path = host[len("unix://") :]
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(1)
-                s.connect(path)
-        except OSError as exc:
-            return Check("provider", "docker", False, f"no docker engine answers at {path}: {exc.strerror or exc}")
-    return Check("provider", "docker", True, f"engine at {host}")
-
-
-def _credential_check(name: str, *keys: str, extra: str) -> Check:
-    if importlib.util.find_spec(extra) is None:
-        return Check("provider", name, False, f"the `{extra}` extra is not installed: pip install 'boxwright[{extra}]'")
-    missing = [k for k in keys if not os.environ.get(k)]
-    if missing:
-        return Check("provider", name, False, f"needs {', '.join(missing)} in the environment")
-    return Check("provider", name, True, "credentials present")
+    return Check(
+        "agent-auth",
+        "claude-code",
+        False,
+        "no model key and no login: set ANTHROPIC_API_KEY, or run `claude` once and log in",
+    )
 
 
 def _cli_check(name: str, binary: str, package: str) -> Check:
@@ -77,12 +97,9 @@ def doctor_checks() -> list[Check]:
             if bwrap.available
             else bwrap.reason,
         ),
-        _docker_check(),
-        _credential_check("e2b", "E2B_API_KEY", extra="e2b"),
         _cli_check("claude-code", "claude", "@anthropic-ai/claude-code"),
-        _cli_check("codex", "codex", "@openai/codex"),
-        _cli_check("opencode", "opencode", "opencode-ai"),
-        _cli_check("grok-build", "grok", "@vibe-kit/grok-cli"),
+        _claude_auth_check(),
+        *(Check(kind, name, False, NOT_SUPPORTED) for kind, name in NOT_SUPPORTED_YET),
     ]
     return checks
 
@@ -92,10 +109,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.buffer.write(msgspec.json.encode(checks) + b"\n")
         return 0
-    for kind in ("provider", "agent-cli"):
-        print(f"{kind}s:")
+    for kind, title in (("provider", "providers"), ("agent-cli", "agent CLIs"), ("agent-auth", "agent logins")):
+        print(f"{title}:")
         for c in (c for c in checks if c.kind == kind):
-            print(f"  {'ok ' if c.ok else 'no '} {c.name:14s} {c.detail}")
+            mark = "ok " if c.ok else "-- " if c.detail == NOT_SUPPORTED else "no "
+            print(f"  {mark} {c.name:14s} {c.detail}")
     return 0
 
 
@@ -164,28 +182,44 @@ async def _run(args: argparse.Namespace) -> int:
         binds.append(os.path.dirname(os.path.dirname(os.path.realpath(shutil.which(executable) or ""))))
     sandbox = define_sandbox("cli", _provider(args.provider, binds), workspace)
     tools = _load_tools(args.tools) if args.tools else None
+    thread_id = args.thread or _fresh_thread_id()
+    if not args.thread:
+        # A fresh thread per run: a second run must not continue in the first one's workspace.
+        print(f"new thread {thread_id} (pass --thread {thread_id} to continue it)", file=sys.stderr)
+    # The run's RUN_ERROR says why it failed; the agent's log line would say it a second time.
+    logging.getLogger("boxwright.agent").addFilter(_said_by_the_run)
     failed = False
     async with open_database(args.db) as db:
         stream = run_agent(
             sandbox,
             harness,
             args.prompt,
-            thread_id=args.thread,
+            thread_id=thread_id,
             tools=tools,
             store=SqliteInstanceStore(db),
             locks=SqliteLockStore(db),
         )
-        if args.json:
-            async for event in stream:
-                sys.stdout.buffer.write(encode_event(event) + b"\n")
-                sys.stdout.buffer.flush()
-                failed = failed or isinstance(event, RunErrorEvent)
-        else:
-            with RunRenderer() as renderer:
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]  # run_agent is an async generator
+            if args.json:
                 async for event in stream:
-                    renderer.render(event)
+                    sys.stdout.buffer.write(encode_event(event) + b"\n")
+                    sys.stdout.buffer.flush()
                     failed = failed or isinstance(event, RunErrorEvent)
+            else:
+                with RunRenderer() as renderer:
+                    async for event in stream:
+                        renderer.render(event)
+                        failed = failed or isinstance(event, RunErrorEvent)
     return 1 if failed else 0
+
+
+def _fresh_thread_id() -> str:
+    return f"cli-{uuid.uuid4().hex[:12]}"
+
+
+def _said_by_the_run(record: logging.LogRecord) -> bool:
+    """False for ``run <id> failed: ...``: the command prints that run's RUN_ERROR already."""
+    return not str(record.msg).startswith("run %s failed")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -222,6 +256,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_run(run_args)
 
 
+# -- gc ----------------------------------------------------------------------------------------------
+
+
+async def _gc(args: argparse.Namespace) -> int:
+    from .config import database_path
+    from .gc import StoreMissingError, collect_garbage
+    from .journal import DEFAULT_JOURNAL_DIR
+    from .stores.sqlite import open_database
+
+    async with open_database(args.db or database_path()) as db:
+        try:
+            result = await collect_garbage(
+                db,
+                sandbox_dirs=args.sandbox_dir,
+                journal_dir=args.journal_dir or DEFAULT_JOURNAL_DIR,
+                min_age=args.min_age,
+                dry_run=args.dry_run,
+            )
+        except StoreMissingError as exc:
+            print(f"boxwright gc: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode(result) + b"\n")
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for entry in result.removed:
+        print(f"{verb} {entry.kind} {entry.path} ({entry.reason})")
+    for entry in result.kept if args.verbose else ():
+        print(f"kept {entry.kind} {entry.path} ({entry.reason})")
+    print(f"{verb} {len(result.removed)}, kept {len(result.kept)}" + ("" if args.verbose else " (-v lists them)"))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    return asyncio.run(_gc(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="boxwright", description="Run coding agents in sandboxes.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -236,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--harness", default="claude-code", help="claude-code (default) or command:<shell command>")
     run.add_argument("--model", help="the model the agent uses")
     run.add_argument("--tools", help="MODULE:ATTR: Python tools to bridge to the agent")
-    run.add_argument("--thread", default="cli", help="thread id: the same thread resumes its sandbox")
+    run.add_argument(
+        "--thread", default=None, help="thread id: the same thread resumes its sandbox (default: a new thread)"
+    )
     run.add_argument("--db", default=None, help="SQLite file (default: $BOXWRIGHT_DB or ./.boxwright/boxwright.db)")
     run.add_argument("--json", action="store_true", help="print NDJSON AG-UI events instead of rendering")
     run.set_defaults(func=cmd_run)
@@ -246,6 +319,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--json", action="store_true", help="print NDJSON AG-UI events instead of rendering")
     demo.add_argument("--db", default=None, help="SQLite file (default: $BOXWRIGHT_DB or ./.boxwright/boxwright.db)")
     demo.set_defaults(func=cmd_demo)
+    gc = sub.add_parser("gc", help="remove sandbox folders and run journals that no record owns")
+    gc.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    gc.add_argument(
+        "--min-age",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="leave what changed more recently than this (default 3600: a run records its sandbox after creating it)",
+    )
+    gc.add_argument(
+        "--sandbox-dir",
+        action="append",
+        metavar="DIR",
+        help="a providers' base directory to sweep (repeatable; default: the local-process and bubblewrap ones)",
+    )
+    gc.add_argument("--journal-dir", default=None, metavar="DIR", help="the run journal directory to sweep")
+    gc.add_argument("--db", default=None, help="SQLite file (default: $BOXWRIGHT_DB or ./.boxwright/boxwright.db)")
+    gc.add_argument("-v", "--verbose", action="store_true", help="also list what stays, and why")
+    gc.add_argument("--json", action="store_true", help="print the result as JSON")
+    gc.set_defaults(func=cmd_gc)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from boxwright.events import CustomEvent, RunErrorEvent, RunFinishedEvent, decode_ndjson
+import msgspec
+
+from boxwright.events import CustomEvent, RunErrorEvent, RunFinishedEvent, TextMessageContentEvent, decode_ndjson
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
 from tests.support.require import agent_cli
 
@@ -64,3 +69,158 @@ def test_run_bridges_tools_from_the_command_line_to_the_real_claude(tmp_path: Pa
     assert marker.read_text() == "called open\n"
     assert "ship boxwright" in sent
     assert isinstance(decode_ndjson(done.stdout)[-1], RunFinishedEvent)
+
+
+def test_python_dash_m_boxwright_is_the_boxwright_command(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "boxwright", "doctor", "--json"], cwd=tmp_path, env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    names = {check["name"] for check in msgspec.json.decode(done.stdout)}
+    assert {"local-process", "bubblewrap", "claude-code"} <= names
+    usage = subprocess.run([sys.executable, "-m", "boxwright"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage: boxwright" in usage.stderr
+
+
+def test_every_run_without_thread_gets_a_fresh_thread_and_workspace(tmp_path: Path) -> None:
+    first = _run(["run", "hi", "--harness", "command:touch left-by-the-first-run; echo made it", "--json"], tmp_path)
+    second = _run(["run", "hi", "--harness", "command:ls -a", "--json"], tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    threads = [decode_ndjson(done.stdout)[0].thread_id for done in (first, second)]  # type: ignore[attr-defined]
+    assert threads[0] != threads[1] and all(t.startswith("cli-") for t in threads)
+    assert f"new thread {threads[0]}" in first.stderr, "the fresh thread id is printed, to continue it later"
+    listed = "".join(e.delta for e in decode_ndjson(second.stdout) if isinstance(e, TextMessageContentEvent))
+    assert "left-by-the-first-run" not in listed, "the second run saw the first run's workspace"
+    # Named, the thread continues in its workspace.
+    again = _run(["run", "hi", "--harness", "command:ls", "--thread", threads[0], "--json"], tmp_path)
+    assert "left-by-the-first-run" in "".join(
+        e.delta for e in decode_ndjson(again.stdout) if isinstance(e, TextMessageContentEvent)
+    )
+
+
+def _doctor(tmp_path: Path, **env: str) -> dict[str, dict[str, object]]:
+    base = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")}
+    base.pop("CLAUDE_CODE_OAUTH_TOKEN", None)
+    base.pop("CLAUDE_CONFIG_DIR", None)
+    full = {**base, "PYTHONPATH": str(ROOT), **env}
+    done = subprocess.run(
+        [*BOXWRIGHT, "doctor", "--json"], cwd=tmp_path, env=full, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return {f"{c['kind']}:{c['name']}": c for c in msgspec.json.decode(done.stdout)}
+
+
+def test_doctor_says_what_is_not_supported_yet_and_whether_claude_can_log_in(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    checks = _doctor(tmp_path, HOME=str(home))
+    for name in ("provider:docker", "provider:e2b", "agent-cli:codex", "agent-cli:opencode", "agent-cli:grok-build"):
+        assert checks[name]["ok"] is False and "not supported yet" in str(checks[name]["detail"]), checks[name]
+    assert checks["agent-auth:claude-code"]["ok"] is False
+    assert "ANTHROPIC_API_KEY" in str(checks["agent-auth:claude-code"]["detail"])
+    # A key: named, never shown.
+    key = "sk-ant-do-not-print-me-0123456789"
+    keyed = _doctor(tmp_path, HOME=str(home), ANTHROPIC_API_KEY=key)
+    assert keyed["agent-auth:claude-code"]["ok"] is True
+    assert "$ANTHROPIC_API_KEY" in str(keyed["agent-auth:claude-code"]["detail"])
+    assert key not in str(keyed)
+    # The CLI's own login.
+    (home / ".claude").mkdir()
+    (home / ".claude" / ".credentials.json").write_text('{"claudeAiOauth": {"accessToken": "secret-token"}}')
+    login = _doctor(tmp_path, HOME=str(home))
+    detail = str(login["agent-auth:claude-code"]["detail"])
+    assert login["agent-auth:claude-code"]["ok"] is True and ".credentials.json" in detail
+    assert "secret-token" not in str(login)
+    text = subprocess.run(
+        [*BOXWRIGHT, "doctor"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "--  docker" in text and "ok  docker" not in text
+
+
+def _age(path: Path, seconds: float) -> None:
+    """Backdate a folder and its direct children, as if nothing had touched them for ``seconds``."""
+    old = time.time() - seconds
+    for p in [path, *path.iterdir()] if path.is_dir() else [path]:
+        os.utime(p, (old, old), follow_symlinks=False)
+
+
+async def _records(db_path: Path, owned: Path, runs: dict[str, str]) -> None:
+    from boxwright.runs import RunPatch
+    from boxwright.stores.base import InstanceRecord
+    from boxwright.stores.sqlite import SqliteInstanceStore, SqliteRunStore, open_database
+
+    async with open_database(db_path) as db:
+        await SqliteInstanceStore(db).upsert(
+            InstanceRecord(
+                key="k1", provider="local-process", provider_sandbox_id=str(owned), thread_id="t1", updated_at=1
+            )
+        )
+        store = SqliteRunStore(db)
+        for run_id, status in runs.items():
+            await store.create_or_resume(run_id, "t1")
+            if status != "running":
+                await store.update(run_id, RunPatch(status=status))  # type: ignore[arg-type]
+
+
+def test_gc_removes_what_no_record_owns_and_says_what(tmp_path: Path) -> None:
+    from boxwright.journal import journal_paths
+    from boxwright.providers import bubblewrap_sandbox
+
+    local, bwrap, journals, db = tmp_path / "local", tmp_path / "bwrap", tmp_path / "journals", tmp_path / "gc.db"
+    for d in (local, bwrap, journals):
+        d.mkdir()
+    owned, orphan, fresh, busy = (local / n for n in ("owned", "orphan", "fresh", "busy"))
+    for d in (owned, orphan, fresh, busy):
+        d.mkdir()
+        (d / "work.txt").write_text("x")
+    asyncio.run(_records(db, owned, {"run-done": "completed", "run-live": "running"}))
+    bwrap_orphan: Path | None = None
+    if shutil.which("bwrap"):
+        handle = asyncio.run(bubblewrap_sandbox(base_dir=str(bwrap)).create())
+        bwrap_orphan = Path(handle.id)
+    for name in ("run-done", "run-live", "run-gone", "run-new"):
+        paths = journal_paths(name, str(journals))
+        Path(paths.journal).write_text("{}\n")
+        Path(paths.stderr).write_text("")
+    (journals / "not a run.ndjson").write_text("")
+    for p in [owned, orphan, busy, *([bwrap_orphan] if bwrap_orphan else [])]:
+        _age(p, 7200)
+    for p in journals.iterdir():
+        if "run-new" not in p.name:
+            _age(p, 7200)
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=busy)
+    try:
+        args = ["gc", "--db", str(db), "--sandbox-dir", str(local), "--sandbox-dir", str(bwrap)]
+        args += ["--journal-dir", str(journals), "-v"]
+        dry = _run([*args, "--dry-run"], tmp_path)
+        assert dry.returncode == 0, dry.stderr
+        assert f"would remove sandbox {orphan} (no sandbox record owns it)" in dry.stdout, dry.stdout
+        assert orphan.is_dir(), "--dry-run removes nothing"
+        done = _run(args, tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f"removed sandbox {orphan} (no sandbox record owns it)" in out, out
+    assert not orphan.exists() and owned.is_dir() and fresh.is_dir() and busy.is_dir()
+    assert f"kept sandbox {busy} (in use by process {sleeper.pid})" in out, out
+    if bwrap_orphan is not None:
+        assert not bwrap_orphan.exists() and f"removed sandbox {bwrap_orphan}" in out, out
+    left = sorted(p.name for p in journals.iterdir())
+    assert left == sorted(
+        [journal_paths(r, str(journals)).journal.rsplit("/", 1)[1] for r in ("run-live", "run-new")]
+        + [journal_paths(r, str(journals)).stderr.rsplit("/", 1)[1] for r in ("run-live", "run-new")]
+        + ["not a run.ndjson"]
+    ), left
+    assert "(run run-done ended completed)" in out and "(no run record owns it)" in out, out
+    # Against a store that does not exist, gc refuses: nothing there owns anything.
+    refused = _run(["gc", "--db", str(tmp_path / "nope.db"), "--sandbox-dir", str(local)], tmp_path)
+    assert refused.returncode == 2 and "no boxwright database" in refused.stderr
+    assert owned.is_dir()
