@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ from .secrets import MASK, redact, register_secret_values, resolve_all_secrets
 from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
 from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
-from .tool_bridge.tools import Tool
+from .tool_bridge.tools import Tool, as_tools
 from .watcher import FileEvent, WorkspaceWatcher, file_event_chunk
 
 log = logging.getLogger("boxwright.agent")
@@ -171,7 +171,7 @@ async def run_agent(
     *,
     thread_id: str,
     run_id: str | None = None,
-    tools: Sequence[Tool] | None = None,
+    tools: Sequence[Tool | Callable[..., Any]] | None = None,
     bridge: HostToolBridge | None = None,
     signal: AbortSignal | None = None,
     store: SandboxInstanceStore | None = None,
@@ -207,6 +207,8 @@ async def run_agent(
         messages = [Message(role="user", content=messages)]
     try:
         prompt, system = _prompt_from_messages(messages, harness.name)
+        # Before any sandbox exists: a value that is not a tool must not cost a provisioned sandbox.
+        declared = as_tools(tools)
     except ValueError as exc:
         for event in frame.error(str(exc), "invalid_input"):
             yield clock(event)
@@ -241,7 +243,7 @@ async def run_agent(
             scrub = _Scrubber()
             if sandbox.workspace is not None:
                 scrub.add(resolve_all_secrets(sandbox.workspace.secrets).values())
-            drive = _drive(sandbox, scope.handle, harness, hctx, frame, signal, tools or (), bridge, journal, scrub)
+            drive = _drive(sandbox, scope.handle, harness, hctx, frame, signal, declared, bridge, journal, scrub)
             async for event in drive:
                 yield clock(scrub(event))
     except Exception as exc:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -120,15 +120,50 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- run ---------------------------------------------------------------------------------------------
 
 
+def _usage_error(message: str) -> NoReturn:
+    # One line and exit 2, as argparse does for a bad option: a traceback tells a user nothing.
+    print(f"boxwright: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _load_tools(spec: str) -> list[Any]:
-    """``MODULE:ATTR``: a list of tools, or a function returning one."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise SystemExit(f"--tools takes MODULE:ATTR, got {spec!r}")
+    """``MODULE:ATTR``: a list of tools or typed functions, one ``@tool``, or a function returning a list."""
+    from .errors import ToolDefinitionError
+    from .tool_bridge.tools import Tool, as_tools
+
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        _usage_error(f"--tools takes MODULE:ATTR (e.g. myapp.tools:TOOLS), got {spec!r}")
     sys.path.insert(0, os.getcwd())
-    value = getattr(importlib.import_module(module_name), attr)
-    tools = value() if callable(value) and not isinstance(value, (list, tuple)) else value
-    return list(tools)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            _usage_error(f"--tools {spec}: no module named {exc.name!r} (looked in the current directory and sys.path)")
+        _usage_error(f"--tools {spec}: importing {module_name!r} failed: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        _usage_error(f"--tools {spec}: importing {module_name!r} failed: {type(exc).__name__}: {exc}")
+    try:
+        value = getattr(module, attr)
+    except AttributeError:
+        _usage_error(f"--tools {spec}: module {module_name!r} has no attribute {attr!r}")
+    if isinstance(value, Tool):
+        value = [value]
+    elif callable(value) and not isinstance(value, type):
+        try:
+            value = value()
+        except Exception as exc:
+            _usage_error(f"--tools {spec}: calling {attr}() for the list of tools failed: {type(exc).__name__}: {exc}")
+        if not isinstance(value, (list, tuple)):
+            _usage_error(
+                f"--tools {spec}: {attr}() returned a {type(value).__name__}, not a list of tools "
+                f"(a function given to --tools is called for the list; to bridge {attr} itself, "
+                f"list it: TOOLS = [{attr}] and pass {module_name}:TOOLS)"
+            )
+    try:
+        return as_tools(value)
+    except ToolDefinitionError as exc:
+        _usage_error(f"--tools {spec}: {exc}")
 
 
 def _workspace(repo: str | None) -> Any:

@@ -40,7 +40,7 @@ from .remote import (
     tool_exec_app,
     tool_exec_path,
 )
-from .tools import Tool, ToolContext, ToolExecute, define_tool, invoke_tool, tool
+from .tools import Tool, ToolContext, ToolExecute, as_tool, as_tools, define_tool, invoke_tool, tool
 
 __all__ = [
     "BRIDGE_FAILED_EVENT",
@@ -63,6 +63,8 @@ __all__ = [
     "ToolDescriptor",
     "ToolExecRun",
     "ToolExecute",
+    "as_tool",
+    "as_tools",
     "bind_address_for",
     "create_tool_bridge_core",
     "define_tool",

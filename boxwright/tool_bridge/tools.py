@@ -14,7 +14,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Union, overload
 
@@ -29,6 +29,8 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolExecute",
+    "as_tool",
+    "as_tools",
     "define_tool",
     "invoke_tool",
     "object_schema",
@@ -80,6 +82,22 @@ class Tool:
     # event loop that serves every run's bridge.
     threaded: bool = False
     fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the declared function itself: ``@tool`` must not take the function away from the app's code."""
+        if self.fn is None:
+            raise TypeError(
+                f"tool {self.name!r} was built with define_tool from a raw execute(args, ctx); "
+                "there is no function to call: use invoke_tool(tool, args, ctx)"
+            )
+        return self.fn(*args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        # inspect.signature() and functools follow this, so a decorated function still shows its own signature.
+        if self.fn is None:
+            raise AttributeError("__wrapped__")
+        return self.fn
 
 
 def object_schema(schema: object) -> dict[str, Any]:
@@ -177,6 +195,60 @@ def tool(
         )
 
     return build(fn) if fn is not None else build
+
+
+_HOW_TO_DECLARE = (
+    "pass a typed function (def get_todos(status: str = 'open') -> str: ...), "
+    "or declare one with @tool or define_tool(name, description, input_schema, execute)"
+)
+
+
+def _describe(value: object) -> str:
+    """How a refused value is named to the user: its own name where it has one, else a short repr."""
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if isinstance(name, str) and name:
+        return f"{name} (a {type(value).__name__})"
+    text = repr(value)
+    return f"{text if len(text) <= 60 else text[:57] + '...'} (a {type(value).__name__})"
+
+
+def as_tool(value: object) -> Tool:
+    """``value`` as a tool: a ``Tool`` as it is, any other typed callable (sync or async) through ``tool``.
+
+    A class is refused rather than declared from its constructor: ``tools=[Client]`` is a mistake far
+    more often than a tool whose call builds an object.
+    """
+    if isinstance(value, Tool):
+        return value
+    if callable(value) and not isinstance(value, type):
+        return tool(value)
+    raise ToolDefinitionError(_describe(value), f"it is not a tool; {_HOW_TO_DECLARE}")
+
+
+def as_tools(values: object) -> list[Tool]:
+    """A list of tools from what an app passes as ``tools=``; refused whole, with the culprit named, before any run.
+
+    Names are checked here too: two tools of one name would otherwise fail only once the bridge
+    starts, after the sandbox exists.
+    """
+    if values is None:
+        return []
+    if isinstance(values, (str, bytes, Mapping)) or callable(values) or not isinstance(values, Iterable):
+        raise ToolDefinitionError(
+            _describe(values), "tools takes a list of tools, e.g. tools=[get_todos]; " + _HOW_TO_DECLARE
+        )
+    tools: list[Tool] = []
+    seen: set[str] = set()
+    for index, value in enumerate(values):
+        try:
+            declared = as_tool(value)
+        except ToolDefinitionError as exc:
+            raise ToolDefinitionError(exc.tool_name, f"tools[{index}]: {exc.reason}") from None
+        if declared.name in seen:
+            raise ToolDefinitionError(declared.name, f"tools[{index}]: two tools share this name")
+        seen.add(declared.name)
+        tools.append(declared)
+    return tools
 
 
 def _is_context_annotation(annotation: Any) -> bool:

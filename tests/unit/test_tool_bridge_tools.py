@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
 
 from boxwright.abort import AbortController
+from boxwright.agent import run_agent
+from boxwright.definition import define_sandbox
 from boxwright.errors import AbortError, ToolArgumentsError, ToolDefinitionError
-from boxwright.tool_bridge import Tool, ToolContext, define_tool, invoke_tool, tool
+from boxwright.events import RunErrorEvent
+from boxwright.harnesses.command import command_harness
+from boxwright.providers import local_process_sandbox
+from boxwright.tool_bridge import Tool, ToolContext, as_tool, as_tools, define_tool, invoke_tool, tool
 
 
 class Address(msgspec.Struct):
@@ -238,3 +245,94 @@ def test_cancelling_the_caller_is_not_mistaken_for_an_abort() -> None:
         assert not controller.signal.aborted
 
     run(main())
+
+
+# -- plain functions as tools, and what is not a tool ------------------------------------------------
+
+
+def get_todos(status: Literal["open", "done"] = "open") -> list[str]:
+    """The app's todos."""
+    return [f"{status}: buy milk"]
+
+
+async def fetch_user(user_id: int) -> dict[str, int]:
+    """One user by id."""
+    return {"id": user_id}
+
+
+def test_a_decorated_function_can_still_be_called_as_the_function() -> None:
+    assert add_contact("Ada", 36) == {"name": "Ada", "age": 36, "city": None, "kind": "friend", "tags": []}
+    fetch = tool(fetch_user)
+    assert run(fetch(7)) == {"id": 7}  # an async tool still returns its coroutine
+    # Introspection sees the function, not the wrapper.
+    assert list(inspect.signature(add_contact).parameters) == ["name", "age", "address", "kind", "tags"]
+    raw = define_tool("raw", "", {"type": "object"}, lambda args, ctx: None)
+    with pytest.raises(TypeError, match="invoke_tool"):
+        raw()
+
+
+def test_any_typed_callable_is_a_tool_named_and_described_by_itself() -> None:
+    declared = as_tools([get_todos, fetch_user, add_contact])
+    assert [t.name for t in declared] == ["get_todos", "fetch_user", "add_contact"]
+    assert declared[2] is add_contact
+    todos, fetch = declared[0], declared[1]
+    assert todos.description == "The app's todos." and fetch.description == "One user by id."
+    assert todos.input_schema == tool(get_todos).input_schema
+    assert todos.input_schema["properties"]["status"] == {"enum": ["done", "open"], "default": "open"}
+    assert fetch.input_schema["required"] == ["user_id"]
+    assert (todos.threaded, fetch.threaded) == (True, False)
+    assert run(invoke_tool(todos, {"status": "done"}, ToolContext())) == ["done: buy milk"]
+    assert run(invoke_tool(fetch, {"user_id": 3}, ToolContext())) == {"id": 3}
+    assert as_tools(None) == [] and as_tool(get_todos).name == "get_todos"
+
+
+class Client:
+    """A class: its call builds an object, it is no tool."""
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (["get_todos"], "'get_todos' (a str)"),
+        ([get_todos, None], "None (a NoneType)"),
+        ([Client], "Client (a type)"),
+        ([get_todos, {"name": "x"}], "{'name': 'x'} (a dict)"),
+    ],
+)
+def test_a_value_that_is_not_a_tool_is_refused_naming_it_and_how_to_declare_one(value: Any, named: str) -> None:
+    with pytest.raises(ToolDefinitionError) as info:
+        as_tools(value)
+    message = str(info.value)
+    assert named in message, message
+    assert f"tools[{len(value) - 1}]" in message
+    assert "@tool" in message and "typed function" in message
+
+
+@pytest.mark.parametrize("value", [get_todos, add_contact, "get_todos", {"get_todos": get_todos}])
+def test_tools_must_be_a_list(value: Any) -> None:
+    with pytest.raises(ToolDefinitionError, match=r"tools takes a list of tools, e\.g\. tools=\[get_todos\]"):
+        as_tools(value)
+
+
+def test_two_tools_of_one_name_are_refused_before_any_bridge() -> None:
+    with pytest.raises(ToolDefinitionError, match="two tools share this name") as info:
+        as_tools([get_todos, tool(get_todos)])
+    assert info.value.tool_name == "get_todos"
+
+
+def test_run_agent_refuses_a_non_tool_before_any_sandbox_exists(tmp_path: Path) -> None:
+    base = tmp_path / "sandboxes"
+    sandbox = define_sandbox("tools", local_process_sandbox(base_dir=base))
+
+    async def main() -> list[Any]:
+        stream = run_agent(
+            sandbox, command_harness("echo hi"), "hi", thread_id="t", run_id="r", tools=[get_todos, "oops"]
+        )
+        return [event async for event in stream]
+
+    events = run(main())
+    assert [e.type for e in events] == ["RUN_STARTED", "RUN_ERROR"]
+    error = events[-1]
+    assert isinstance(error, RunErrorEvent) and error.code == "invalid_input"
+    assert "'oops' (a str)" in error.message and "@tool" in error.message
+    assert not base.exists() or not any(base.iterdir()), "no sandbox may be created for a bad tools list"
