@@ -29,14 +29,16 @@ SECRET = b"HOST-SECRET-" + b"x" * 20  # a length no inside file has, so lstat wo
 INSIDE = b"inside"
 
 # Flips f and d between "inside" and "outside" targets with atomic renames until /workspace/stop exists.
+# Outside is the host path both absolute (which inside bubblewrap names the sandbox's own /tmp, not the
+# host's) and relative to the workspace (../../...: the host's file whatever the sandbox sees).
 SWAPPER = r"""
 import os, sys, time
-secret_file, secret_dir = sys.argv[1], sys.argv[2]
+abs_file, abs_dir, rel_file, rel_dir = sys.argv[1:5]
 deadline = time.monotonic() + 500
 n = 0
 while time.monotonic() < deadline:
-    for name, inside, outside in (("f", "real_f", secret_file), ("d", "real_d", secret_dir)):
-        for target in (inside, outside):
+    for name, inside, outside in (("f", "real_f", (abs_file, rel_file)), ("d", "real_d", (abs_dir, rel_dir))):
+        for target in (inside, outside[0], inside, outside[1]):
             tmp = f".swap-{name}"
             try:
                 os.unlink(tmp)
@@ -143,7 +145,9 @@ async def _race(kind: str, tmp_path: Path, host: Host) -> tuple[str, dict[str, d
         os.symlink("real_f", ws / "f")
         os.symlink("real_d", ws / "d")
         swapper = await handle.process.spawn(
-            f"exec python3 -c '{SWAPPER}' {host.file} {host.dir}", ProcessOptions(cwd="/workspace")
+            f"exec python3 -c '{SWAPPER}' {host.file} {host.dir} "
+            f"{os.path.relpath(host.file, ws)} {os.path.relpath(host.dir, ws)}",
+            ProcessOptions(cwd="/workspace"),
         )
         report: dict[str, dict[str, int]] = {}
         breaches: dict[str, list[str]] = {}
