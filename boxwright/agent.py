@@ -40,7 +40,6 @@ from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, 
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
 from .journal import (
     DEFAULT_FIRST_BYTE_TIMEOUT_MS,
-    DEFAULT_JOURNAL_DIR,
     DEFAULT_JOURNAL_POLL_MS,
     JournalPaths,
     RunLookup,
@@ -48,6 +47,7 @@ from .journal import (
     decode_base64_frame,
     encode_run_id,
     journal_cleanup_command,
+    journal_dir_of,
     journal_paths,
     journal_stderr_read_command,
     parse_exit_sentinel,
@@ -127,9 +127,10 @@ class JournalOptions:
     A fresh run starts the agent detached from the request (its output goes to a file in the
     sandbox); ``attach=True`` starts nothing and re-reads the journal of a run another driver
     started, from byte 0, translating it again (``boxwright.takeover`` drops what is stored).
+    ``dir`` None asks the sandbox (``journal_dir_of``): each sandbox's journals are its own.
     """
 
-    dir: str = DEFAULT_JOURNAL_DIR
+    dir: str | None = None
     attach: bool = False
     runs: RunLookup | None = None
     first_byte_timeout_ms: float | None = DEFAULT_FIRST_BYTE_TIMEOUT_MS
@@ -336,7 +337,7 @@ async def _drive(
         stdin = plan.stdin if hctx.capabilities.writable_stdin else None
         journaled: asyncio.Task[tuple[int | None, str]] | None = None
         if journal is not None:
-            paths = journal_paths(hctx.run_id, journal.dir)
+            paths = journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle))
             if not journal.attach:
                 # No signal: a dropped request must not kill a durable agent; a cancel destroys the sandbox.
                 await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)

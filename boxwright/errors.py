@@ -209,13 +209,32 @@ class ToolBridgeConfigError(BoxwrightError, ValueError):
     """The tool bridge was configured in a way it cannot serve (duplicate run, unusable token, no URL)."""
 
 
+def _shown_id(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
 class InvalidRunIdError(BoxwrightError, ValueError):
-    """A run id cannot name a journal: empty, or not valid UTF-8 text (a lone surrogate)."""
+    """A run id was refused (``boxwright.ids``): empty, ``.``/``..``, a separator, a control character,
+    a lone surrogate, or too long; ``reason`` names which. An HTTP 400 ``invalid_run_id``."""
+
+    code = "invalid_run_id"
 
     def __init__(self, run_id: object, reason: str) -> None:
         self.run_id = run_id
-        shown = repr(run_id) if len(repr(run_id)) <= 80 else repr(run_id)[:77] + "..."
-        super().__init__(f"run id {shown} {reason}")
+        self.reason = reason
+        super().__init__(f"run id {_shown_id(run_id)} {reason}")
+
+
+class InvalidThreadIdError(BoxwrightError, ValueError):
+    """A thread id was refused, by the same rules as a run id (``boxwright.ids``). An HTTP 400 ``invalid_thread_id``."""
+
+    code = "invalid_thread_id"
+
+    def __init__(self, thread_id: object, reason: str) -> None:
+        self.thread_id = thread_id
+        self.reason = reason
+        super().__init__(f"thread id {_shown_id(thread_id)} {reason}")
 
 
 class JournalAttachUnavailableError(BoxwrightError):
@@ -301,7 +320,7 @@ class DurableAttachNotSupportedError(BoxwrightError):
         super().__init__(f"harness {adapter!r} cannot attach to a durable run: {reason}")
 
 
-# A run id the stores refuse (empty, or a lone surrogate: decision 7) is the same error the journal raises.
+# A run id the stores refuse (boxwright.ids; decision 7) is the same error the journal raises.
 RunIdError = InvalidRunIdError
 
 

@@ -36,12 +36,12 @@ from .abort import AbortSignal
 from .errors import (
     AbortError,
     AgentProcessExitError,
-    InvalidRunIdError,
     JournalAttachUnavailableError,
     JournalFrameError,
     JournalTruncatedError,
     SandboxCommandError,
 )
+from .ids import check_encodable_run_id, check_run_id, id_problem
 from .sandbox import Capabilities, ProcessOptions, SandboxHandle, SpawnHandle
 from .sandbox import journal_read_strategy as _strategy_for_caps
 from .shell import quote
@@ -220,15 +220,9 @@ def encode_run_id(run_id: str) -> str:
     an escape) becomes ``_hh`` per UTF-8 byte. A Windows device name is escaped byte
     by byte; over 200 characters keeps 183, then ``-`` and 16 hex of sha256(run_id).
     """
-    if not isinstance(run_id, str) or run_id == "":
-        raise InvalidRunIdError(run_id, "must be a non-empty string")
-    try:
-        data = run_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        # Encoding a lone surrogate as U+FFFD (what JS does) would give two ids one journal.
-        raise InvalidRunIdError(
-            run_id, f"is not valid UTF-8 text: a lone surrogate at index {exc.start} cannot name a journal"
-        ) from None
+    # Looser than check_run_id: a name an older version wrote must still round-trip (prune keeps it).
+    # A lone surrogate encoded as U+FFFD (what JS does) would give two ids one journal: refused.
+    data = check_encodable_run_id(run_id).encode("utf-8")
     out = "".join(ch if ch in _SAFE else _escape(ch.encode("utf-8")) for ch in run_id)
     if _RESERVED.fullmatch(out):
         # Only a run id made of safe characters reaches here, and escaping letters is
@@ -291,10 +285,18 @@ def exit_sentinel_nonce(run_id: str) -> str:
     return hashlib.sha256(f"{NONCE_DOMAIN}:{run_id}".encode()).hexdigest()[:NONCE_LENGTH]
 
 
+def journal_dir_of(handle: object) -> str:
+    """Where ``handle``'s journals live: its own ``journal_dir`` (local-process: a private state
+    directory of the sandbox, outside its workspace), else ``DEFAULT_JOURNAL_DIR``, which is only
+    right where the sandbox's ``/tmp`` is its own (bubblewrap, containers)."""
+    dir = getattr(handle, "journal_dir", None)
+    return _normalize_dir(dir) if isinstance(dir, str) else DEFAULT_JOURNAL_DIR
+
+
 def journal_paths(run_id: str, dir: str = DEFAULT_JOURNAL_DIR) -> JournalPaths:
-    """Both file paths and the nonce of ``run_id``'s journal. Pure."""
+    """Both file paths and the nonce of ``run_id``'s journal (``check_run_id`` refuses a bad id). Pure."""
     normalized = _normalize_dir(dir)
-    name = encode_run_id(run_id)
+    name = encode_run_id(check_run_id(run_id))
     return JournalPaths(
         dir=normalized,
         journal=_join(normalized, f"{name}.ndjson"),
@@ -330,19 +332,25 @@ def journaled_command(command: str, paths: JournalPaths) -> str:
 
     A subshell, not a ``{ }`` group, so a bare ``exit`` cannot skip the sentinel; ``>>``
     never truncates a prefix a previous host delivered. ``command`` is shell text, raw.
+    The dir (0700) and both files (0600) are created first under ``umask 077`` in a subshell of
+    their own, so raw agent output is never readable by another user, not even for the first
+    byte, while the agent itself keeps the umask it was given.
     """
     printf = f'printf \'{{"{EXIT_SENTINEL_KEY}":%d,"{EXIT_SENTINEL_NONCE_KEY}":"{paths.nonce}"}}\\n\' "$?"'
     return (
-        f"mkdir -p {quote(paths.dir)} && {{ ( {command} ); {printf}; }} "
-        f">> {quote(paths.journal)} 2>> {quote(paths.stderr)}"
+        f"{_private_files(paths)} && {{ ( {command} ); {printf}; }} >> {quote(paths.journal)} 2>> {quote(paths.stderr)}"
     )
+
+
+def _private_files(paths: JournalPaths) -> str:
+    return f"( umask 077 && mkdir -p {quote(paths.dir)} && : >> {quote(paths.journal)} && : >> {quote(paths.stderr)} )"
 
 
 def journal_follow_command(paths: JournalPaths, from_byte: int = 0) -> str:
     """``tail -f`` from ``from_byte``, for ``spawn`` only. Creates the file first (``tail -f`` exits on
     a missing one) and pipes into nothing: a filter's stdio buffer would hold the lines back."""
     return (
-        f"mkdir -p {quote(paths.dir)} 2>/dev/null; : >> {quote(paths.journal)} 2>/dev/null; "
+        f"umask 077; mkdir -p {quote(paths.dir)} 2>/dev/null; : >> {quote(paths.journal)} 2>/dev/null; "
         f"tail -c +{_tail_from(from_byte)} -f {quote(paths.journal)} 2>/dev/null"
     )
 
@@ -926,7 +934,7 @@ async def prune_journals(
     handle: SandboxHandle,
     runs: RunLookup,
     *,
-    dir: str = DEFAULT_JOURNAL_DIR,
+    dir: str | None = None,
     now_ms: int | None = None,
     orphan_ttl_ms: int = DEFAULT_ORPHAN_TTL_MS,
     max_deletes: int = DEFAULT_MAX_DELETES,
@@ -938,9 +946,11 @@ async def prune_journals(
     decode (a hashed name would decode to a wrong run id), unanswered store lookups,
     and every orphan when the mtime listing is unavailable. One store lookup and one
     ``rm`` per run (journal and sidecar together), at most ``max_deletes`` runs per
-    sweep. Never raises: failures are reported in the result.
+    sweep. Never raises: failures are reported in the result. ``dir`` defaults to the
+    handle's own journal dir (``journal_dir_of``).
     """
     log = logger or _log
+    dir = journal_dir_of(handle) if dir is None else dir
     result = PruneJournalsResult()
     try:
         listing = await handle.process.exec(journal_list_command(dir))
@@ -968,7 +978,12 @@ async def prune_journals(
         decoded = decode_journal_run_id(name)
         # Only the canonical spelling: the rm names the files journal_paths derives, so a file spelled
         # otherwise (upper-case escapes, say) would stay behind while being reported deleted.
-        if isinstance(decoded, Decoded) and name in _canonical_names(decoded.run_id):
+        # A run id the validator now refuses (an older version's `a/b`, say) has no run to ask about.
+        if (
+            isinstance(decoded, Decoded)
+            and id_problem(decoded.run_id) is None
+            and name in _canonical_names(decoded.run_id)
+        ):
             by_run.setdefault(decoded.run_id, []).append(name)
         else:
             result.kept.append(KeptJournal(names=(name,), reason="undecodable-name"))
@@ -1095,6 +1110,7 @@ __all__ = [
     "exit_sentinel_nonce",
     "is_terminal_status",
     "journal_cleanup_command",
+    "journal_dir_of",
     "journal_exists_command",
     "journal_exit_probe_command",
     "journal_follow_command",

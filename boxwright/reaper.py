@@ -30,11 +30,11 @@ from .errors import RunClaimLostError, RunClaimNotAcquiredError, SandboxReclaimF
 from .events import Event
 from .journal import (
     DEFAULT_EXIT_PROBE_BYTES,
-    DEFAULT_JOURNAL_DIR,
     Finished,
     Producing,
     RunExitProbe,
     Unknown,
+    journal_dir_of,
     journal_paths,
     probe_run_exit,
 )
@@ -123,13 +123,14 @@ def _describe(exc: BaseException) -> str:
 
 
 def has_finished_via_journal(
-    handle_for: HandleFor, *, journal_dir: str = DEFAULT_JOURNAL_DIR, max_bytes: int = DEFAULT_EXIT_PROBE_BYTES
+    handle_for: HandleFor, *, journal_dir: str | None = None, max_bytes: int = DEFAULT_EXIT_PROBE_BYTES
 ) -> HasFinished:
     """A ``has_finished`` that reads the run's journal tail for its exit sentinel (``probe_run_exit``).
 
     ``handle_for(record)`` maps a run to a live handle on its sandbox (``sandbox_handle_for``
     does it from ``sandbox_key``). Anything it cannot answer (no handle, a raising lookup, a
     failed read) is ``Unknown``, never ``Finished``: "finished" destroys the sandbox.
+    ``journal_dir`` None reads where the handle keeps its journals (``journal_dir_of``).
     """
 
     async def has_finished(record: RunRecord) -> RunExitProbe:
@@ -137,7 +138,8 @@ def has_finished_via_journal(
             handle = await handle_for(record)
             if handle is None:
                 return Unknown(f"no sandbox handle for run {record.run_id!r} (sandbox key {record.sandbox_key!r})")
-            return await probe_run_exit(handle, journal_paths(record.run_id, journal_dir), max_bytes=max_bytes)
+            paths = journal_paths(record.run_id, journal_dir or journal_dir_of(handle))
+            return await probe_run_exit(handle, paths, max_bytes=max_bytes)
         except Exception as exc:
             return Unknown(_describe(exc))
 

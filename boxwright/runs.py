@@ -29,8 +29,9 @@ Epoch fence (decision 3)
     ``EpochFencedError``. ``epoch=None`` appends unfenced (a single-host app with no
     takeover).
 
-Run ids are any non-empty text; ids that are not valid UTF-8 (a lone surrogate) are
-refused with ``InvalidRunIdError`` (decision 7). A reused run id is not an error:
+Run ids and thread ids are checked by ``boxwright.ids`` (empty, ``.``/``..``, ``/``, ``\\``,
+control characters, lone surrogates (decision 7), over 200 characters are refused with
+``InvalidRunIdError`` / ``InvalidThreadIdError``). A reused run id is not an error:
 ``create_or_resume`` hands back the existing record unchanged (spec R6, R42) and its log
 continues where it stopped (or refuses appends once closed).
 """
@@ -50,12 +51,12 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, TypeGuard, get_args
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from boxwright import ids as _ids
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.errors import (
     EpochFencedError,
     EventLogClosedError,
     InvalidOffsetError,
-    InvalidRunIdError,
     InvalidRunStatusError,
     RunAlreadyDrivenError,
 )
@@ -151,16 +152,9 @@ def apply_patch(record: RunRecord, patch: RunPatch, updated_at: int) -> RunRecor
     return msgspec.structs.replace(record, **changes, updated_at=updated_at)
 
 
-def check_run_id(run_id: object) -> str:
-    """``run_id`` if it can name a run: a non-empty str that is valid UTF-8 (no lone surrogate)."""
-    if not isinstance(run_id, str) or not run_id:
-        raise InvalidRunIdError(run_id, "must be a non-empty string")
-    try:
-        run_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        # JS would store U+FFFD here, giving two different ids one run; refusing keeps ids injective.
-        raise InvalidRunIdError(run_id, f"is not valid UTF-8 text: a lone surrogate at index {exc.start}") from None
-    return run_id
+# The one validator (boxwright.ids), re-exported: every store and log call checks its run id with it.
+check_run_id = _ids.check_run_id
+check_thread_id = _ids.check_thread_id
 
 
 def check_epoch(run_id: str, held: int, stored: int | None, action: str) -> None:
@@ -867,6 +861,7 @@ __all__ = [
     "apply_patch",
     "check_epoch",
     "check_run_id",
+    "check_thread_id",
     "format_offset",
     "is_run_status",
     "is_terminal_status",

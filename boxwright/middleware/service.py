@@ -17,7 +17,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -33,9 +32,10 @@ from starlette.websockets import WebSocket
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
-from boxwright.errors import InvalidRunIdError, RunThreadMismatchError, ThreadBusyError
+from boxwright.errors import InvalidRunIdError, InvalidThreadIdError, RunThreadMismatchError, ThreadBusyError
 from boxwright.events import Event, now_ms
 from boxwright.harnesses.base import Harness, Message
+from boxwright.ids import check_client_run_id, check_thread_id
 from boxwright.runs import (
     RUN_CANCEL_REASON,
     EventLog,
@@ -63,8 +63,6 @@ MAX_TRIGGER_BODY: Final = 2 * 1024 * 1024
 # How often a queued run looks whether its thread's active run, driven by another process, has ended.
 QUEUE_POLL_S: Final = 0.5
 ThreadRuns: TypeAlias = Literal["busy", "queue"]
-# What a client may choose as a run id: it lands in URLs, headers and logs (coordinator R37).
-_CLIENT_RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class RecordDurability:
@@ -168,6 +166,7 @@ class SandboxService:
         nothing (a retried trigger); one of another thread raises ``RunThreadMismatchError``.
         """
         run_id = check_run_id(run_id or uuid.uuid4().hex)
+        check_thread_id(thread_id)
         lock = self._thread_locks.setdefault(thread_id, asyncio.Lock())
         # Serialised per thread: two starts racing must not both find the thread idle.
         async with lock:
@@ -438,12 +437,24 @@ def _decode_trigger(request: Request, raw: bytes) -> StartRunRequest | Response:
         return _error(400, "body must be valid JSON", "invalid_body")
     if not body.prompt.strip():
         return _error(400, "prompt must be a non-empty string", "invalid_body")
-    if not body.thread_id:
-        return _error(400, "threadId must be a non-empty string", "invalid_body")
     run_id = request.headers.get("x-run-id") or body.run_id
-    if run_id is not None and not _CLIENT_RUN_ID.fullmatch(run_id):
-        return _error(400, "a run id is 1-128 characters of [A-Za-z0-9._:-]", "invalid_run_id")
+    try:
+        check_thread_id(body.thread_id)
+        if run_id is not None:
+            # What a client may choose: it lands in URLs, headers and logs (coordinator R37).
+            check_client_run_id(run_id)
+    except (InvalidRunIdError, InvalidThreadIdError) as exc:
+        return _error(400, str(exc), exc.code)
     return msgspec.structs.replace(body, run_id=run_id)
+
+
+def _refuse_run_id(run_id: str) -> Response | None:
+    """400 ``invalid_run_id`` for a path id no run can have (``..``, ``%00``, over 200 characters, ...)."""
+    try:
+        check_run_id(run_id)
+    except InvalidRunIdError as exc:
+        return _error(400, str(exc), exc.code)
+    return None
 
 
 def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
@@ -477,14 +488,17 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
             return _error(409, str(exc), "thread_mismatch")
         except ThreadBusyError as exc:
             return json_response(409, {"error": str(exc), "code": "thread_busy", "activeRunId": exc.active_run_id})
-        except InvalidRunIdError as exc:
-            return _error(400, str(exc), "invalid_run_id")
+        except (InvalidRunIdError, InvalidThreadIdError) as exc:
+            return _error(400, str(exc), exc.code)
         except Exception as exc:
             log.error("could not start a run: %s", redact(f"{type(exc).__name__}: {exc}"))
             return _error(500, "could not start the run", "start_failed")
         return json_response(202, {"runId": run_id})
 
     async def record(request: Request) -> Response:
+        refused = _refuse_run_id(request.path_params["run_id"])
+        if refused is not None:
+            return refused
         found = await service.runs.get(request.path_params["run_id"])
         if found is None:
             return _error(404, "unknown run", "unknown_run")
@@ -501,6 +515,9 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
 
     async def cancel(request: Request) -> Response:
         run_id = request.path_params["run_id"]
+        refused = _refuse_run_id(run_id)
+        if refused is not None:
+            return refused
         before = await service.runs.get(run_id)
         if before is None:
             return _error(404, "unknown run", "unknown_run")

@@ -3,13 +3,21 @@
 For trusted or dev work only. The harness inherits the host env (with whatever
 API keys are exported there); ``scrub_env`` deletes keys so a host CLI login
 wins over them. No snapshots, and no resume but of a directory that still exists.
+
+The host ``/tmp`` is everybody's, so journals do not live in it: each sandbox has a
+private state directory ``<base_dir>/state-<sha256(root)>`` (0700, outside the workspace so
+it never shows in git), named by its root so a process resuming the same root finds the
+same journals, and removed by destroy even when the workspace directory is the user's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -56,6 +64,31 @@ def default_base_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "boxwright-sandboxes")
 
 
+def state_dir_for(base_dir: str, root: str) -> str:
+    """The private state directory of the sandbox at ``root``: derived, so every host agrees."""
+    digest = hashlib.sha256(os.path.realpath(root).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(base_dir, f"state-{digest}")
+
+
+def _ensure_private_dir(path: str) -> None:
+    """``path`` as a 0700 directory of this user; refused if someone else's or a symlink (a shared
+    base dir lets another user pre-create the predictable name to read the journals)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    owner = os.geteuid() if hasattr(os, "geteuid") else info.st_uid
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != owner:
+        raise SandboxPathError(
+            path,
+            os.path.dirname(path),
+            "is not a directory of this user (a symlink, a file, or another user's), so it cannot hold the "
+            "sandbox's journals; remove it, or give the provider a base_dir of your own, under",
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
 class LocalProcessHandle:
     provider = NAME
     capabilities = CAPABILITIES
@@ -75,6 +108,10 @@ class LocalProcessHandle:
         self.workspace_root = root
         self._owned = owned
         self._base_dir = base_dir
+        self._state_dir = state_dir_for(base_dir, root)
+        _ensure_private_dir(self._state_dir)
+        # Read by journal_dir_of: this sandbox's journals, never the host's shared /tmp.
+        self.journal_dir = os.path.join(self._state_dir, "journals")
         self._scrub = tuple(scrub_env)
         self._logger = logger
         self._is_fork = is_fork
@@ -117,6 +154,9 @@ class LocalProcessHandle:
     async def destroy(self) -> None:
         # Kill first even when the directory is kept: a destroyed sandbox runs nothing.
         await self.process.kill_all()
+        if not self._destroyed:
+            # The state dir (journals: raw agent output) is ours even when the workspace is the user's.
+            await asyncio.to_thread(remove_tree_with_retry, self._state_dir, self._logger)
         if self._owned and not self._destroyed:
             await asyncio.to_thread(remove_tree_with_retry, self.workspace_root, self._logger)
         self._destroyed = True
@@ -185,7 +225,8 @@ class LocalProcessProvider:
         return self._handle(input.id, owned=self._remove and self._is_own(input.id))
 
     async def destroy(self, input: DestroyInput) -> None:
-        # No handle, so nothing of ours to kill here: only the directory, and only one we own.
+        # No handle, so nothing of ours to kill here: the state dir, and the directory only if we own it.
+        await asyncio.to_thread(remove_tree_with_retry, state_dir_for(self._base_dir, input.id), self._logger)
         if self._remove and self._is_own(input.id):
             await asyncio.to_thread(remove_tree_with_retry, input.id, self._logger)
 

@@ -26,6 +26,7 @@ from boxwright.runs import (
     apply_patch,
     check_epoch,
     check_run_id,
+    check_thread_id,
     format_offset,
     offset_never_issued,
     parse_offset,
@@ -134,6 +135,7 @@ class MemoryRunStore:
 
     async def create_or_resume(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
         existing = self._records.get(check_run_id(run_id))
+        check_thread_id(thread_id)
         if existing is not None:
             return _detached(existing)
         now = now_ms()

@@ -45,6 +45,7 @@ from boxwright.runs import (
     RunRecord,
     check_epoch,
     check_run_id,
+    check_thread_id,
     format_offset,
     is_run_status,
     offset_never_issued,
@@ -510,6 +511,7 @@ class SqliteRunStore:
 
     async def create_or_resume(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
         check_run_id(run_id)
+        check_thread_id(thread_id)
         await self._db.ensure_schema(_RUNS_DDL)
         now = _now_ms()
         async with self._db.transaction() as conn:

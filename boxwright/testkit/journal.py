@@ -32,6 +32,7 @@ from ..journal import (
     decode_base64_frame,
     exit_sentinel_line,
     journal_cleanup_command,
+    journal_dir_of,
     journal_follow_command,
     journal_paths,
     journal_read_command,
@@ -133,6 +134,10 @@ class RecordingHandle:
     @property
     def workspace_root(self) -> str:
         return self._inner.workspace_root
+
+    @property
+    def journal_dir(self) -> str:
+        return journal_dir_of(self._inner)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -240,8 +245,8 @@ async def _expect_no_tail(handle: SandboxHandle, paths: JournalPaths, what: str,
 
 @contextlib.asynccontextmanager
 async def _journal(handle: SandboxHandle, case: str) -> AsyncIterator[JournalPaths]:
-    """Fresh journal paths under the default dir, removed afterwards (on local-process that is the host /tmp)."""
-    paths = journal_paths(_run_id(case))
+    """Fresh journal paths in the handle's own journal dir (``journal_dir_of``), removed afterwards."""
+    paths = journal_paths(_run_id(case), journal_dir_of(handle))
     try:
         yield paths
     finally:

@@ -26,7 +26,14 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from ..abort import AbortController
-from ..errors import EpochFencedError, EventLogClosedError, InvalidOffsetError, InvalidRunIdError, InvalidRunStatusError
+from ..errors import (
+    EpochFencedError,
+    EventLogClosedError,
+    InvalidOffsetError,
+    InvalidRunIdError,
+    InvalidRunStatusError,
+    InvalidThreadIdError,
+)
 from ..events import (
     CustomEvent,
     Event,
@@ -65,15 +72,28 @@ RunStoreCase = Callable[[RunStore], Awaitable[None]]
 EventLogCase = Callable[[Backend], Awaitable[None]]
 
 LONE_SURROGATE_ID = "run-\ud800-x"
+# Ids boxwright.ids accepts however odd: each must be a run of its own.
 HOSTILE_IDS = (
-    "run/with/slashes",
     "run with spaces 'and' \"quotes\"",
     "run;$(touch x);`y`",
     "run-\U0001f600-é",
-    "run\nnewline",
-    "r" * 1000,
+    "r" * 200,
+    "...",
     "_40",
     "@",
+)
+# Ids every store and log call refuses (InvalidRunIdError): the validator's whole list.
+REFUSED_IDS = (
+    "",
+    ".",
+    "..",
+    "run/with/slashes",
+    "run\\back",
+    "run\x00nul",
+    "run\nnewline",
+    "run\x7fdel",
+    LONE_SURROGATE_ID,
+    "r" * 201,
 )
 _OFFSET_SAFE = re.compile(r"[0-9A-Za-z_.~-]{1,255}")
 
@@ -384,15 +404,20 @@ async def case_d3_fenced_update(runs: RunStore) -> None:
 
 
 async def case_d7_run_ids(runs: RunStore) -> None:
-    """Decision 7: a lone-surrogate or empty run id is refused clearly; any other text is a distinct run."""
-    calls: list[tuple[Awaitable[Any], str]] = [
-        (runs.create_or_resume(LONE_SURROGATE_ID, "t"), "create_or_resume"),
-        (runs.get(LONE_SURROGATE_ID), "get"),
-        (runs.update(LONE_SURROGATE_ID, RunPatch(status="failed")), "update"),
-        (runs.create_or_resume("", "t"), "create_or_resume with an empty id"),
-    ]
-    for call, what in calls:
-        await _expect_raises(InvalidRunIdError, call, f"{what} of a bad run id", contains="run id")
+    """Decision 7 and boxwright.ids: every refused run id (or thread id) raises naming it; odd but valid ids
+    are distinct runs."""
+    for bad in REFUSED_IDS:
+        calls: list[tuple[Awaitable[Any], str]] = [
+            (runs.create_or_resume(bad, "t"), "create_or_resume"),
+            (runs.get(bad), "get"),
+            (runs.update(bad, RunPatch(status="failed")), "update"),
+        ]
+        for call, what in calls:
+            await _expect_raises(InvalidRunIdError, call, f"{what} of the run id {bad[:40]!r}", contains="run id")
+        await _expect_raises(
+            InvalidThreadIdError, runs.create_or_resume("run-ok", bad), f"thread id {bad[:40]!r}", "thread id"
+        )
+    _equal(await runs.get("run-ok"), None, "record of a run whose thread id was refused")
     for i, run_id in enumerate(HOSTILE_IDS):
         await runs.create_or_resume(run_id, f"thread-{i}")
     for i, run_id in enumerate(HOSTILE_IDS):
@@ -761,17 +786,18 @@ async def case_many_readers(backend: Backend) -> None:
 
 
 async def case_d7_run_ids_in_logs(backend: Backend) -> None:
-    """Decision 7: lone-surrogate run ids are refused by every log call; hostile ids get separate logs."""
+    """Decision 7 and boxwright.ids: refused run ids are refused by every log call; hostile ids get separate logs."""
     _, log = backend
-    calls: list[tuple[Awaitable[Any], str]] = [
-        (log.append(LONE_SURROGATE_ID, [_text("x", 0)]), "append"),
-        (log.snapshot(LONE_SURROGATE_ID), "snapshot"),
-        (log.close(LONE_SURROGATE_ID), "close"),
-        (log.tail(LONE_SURROGATE_ID), "tail"),
-        (_first_step(log, LONE_SURROGATE_ID, START_OFFSET), "read"),
-    ]
-    for call, what in calls:
-        await _expect_raises(InvalidRunIdError, call, f"{what} with a lone-surrogate run id", "run id")
+    for bad in REFUSED_IDS:
+        calls: list[tuple[Awaitable[Any], str]] = [
+            (log.append(bad, [_text("x", 0)]), "append"),
+            (log.snapshot(bad), "snapshot"),
+            (log.close(bad), "close"),
+            (log.tail(bad), "tail"),
+            (_first_step(log, bad, START_OFFSET), "read"),
+        ]
+        for call, what in calls:
+            await _expect_raises(InvalidRunIdError, call, f"{what} with the run id {bad[:40]!r}", "run id")
     for i, run_id in enumerate(HOSTILE_IDS):
         await log.append(run_id, _texts(run_id, 0, i + 1))
     for i, run_id in enumerate(HOSTILE_IDS):
@@ -822,6 +848,7 @@ __all__ = [
     "EVENT_LOG_CASES",
     "HOSTILE_IDS",
     "LONE_SURROGATE_ID",
+    "REFUSED_IDS",
     "RUN_STORE_CASES",
     "Backend",
     "event_log_suite",

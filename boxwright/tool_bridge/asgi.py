@@ -5,7 +5,8 @@ One listener serves many runs. Each run is registered under its own path,
 up: the token is then compared in constant time against exactly one run's value, an unknown run
 (404) stays distinguishable from a wrong token (401), and access logs carry run ids, never tokens.
 
-Order of checks per request: route (404), bearer (401 + ``WWW-Authenticate: Bearer``), method
+Order of checks per request: a run segment that is no run id (400 ``{"error", "code":
+"invalid_run_id"}``, ``boxwright.ids``), route (404), bearer (401 + ``WWW-Authenticate: Bearer``), method
 (405 unless POST), declared and then actual body size (413, read incrementally), JSON (400 with
 JSON-RPC -32700), then the dispatcher: 202 for notifications, 400 for a message that is not a
 valid JSON-RPC request (-32600, batches included), 200 with the JSON-RPC reply otherwise. Anything
@@ -49,7 +50,8 @@ import msgspec
 import uvicorn
 
 from ..abort import AbortController, AbortSignal
-from ..errors import ToolBridgeConfigError
+from ..errors import InvalidRunIdError, ToolBridgeConfigError
+from ..ids import check_run_id, check_thread_id, id_problem
 from .core import INVALID_REQUEST, SERVER_NAME, ToolBridgeCore, handle_json_rpc, parse_error_reply
 from .tools import EmitCustomEvent, Tool
 
@@ -116,8 +118,8 @@ class _RequestHeaders:
                 self.accept = value.lower()
 
 
-def _path_segments(scope: Scope) -> list[str] | None:
-    """The percent-decoded segments of the path below ``root_path``; ``None`` if one is not UTF-8."""
+def _path_segments(scope: Scope) -> list[str]:
+    """The percent-decoded segments of the path below ``root_path`` (non-UTF-8 bytes as lone surrogates)."""
     raw: bytes | None = scope.get("raw_path")
     if raw is None:
         raw = quote(scope["path"]).encode()
@@ -126,10 +128,8 @@ def _path_segments(scope: Scope) -> list[str] | None:
         encoded_root = quote(root).encode()
         if raw.startswith(encoded_root):
             raw = raw[len(encoded_root) :]
-    try:
-        return [unquote_to_bytes(part).decode() for part in raw.split(b"/")[1:]]
-    except UnicodeDecodeError:
-        return None
+    # surrogateescape: bytes that are not UTF-8 become lone surrogates, which the id check refuses by name.
+    return [unquote_to_bytes(part).decode("utf-8", "surrogateescape") for part in raw.split(b"/")[1:]]
 
 
 def _bearer_matches(values: list[bytes], expected: bytes) -> bool:
@@ -217,14 +217,15 @@ def check_token(token: str) -> str:
     return token
 
 
-def check_run_id(run_id: str) -> str:
-    if not isinstance(run_id, str) or not run_id:
-        raise ToolBridgeConfigError("a run id must be a non-empty string")
-    try:
-        run_id.encode()
-    except UnicodeEncodeError:
-        raise ToolBridgeConfigError(f"run id {run_id!r} is not valid UTF-8 (lone surrogate)") from None
-    return run_id
+async def refuse_bad_run_id(send: Send, segment: str) -> bool:
+    """Answer 400 ``invalid_run_id`` if a path's run segment is no run id (``..``, ``%2F``, ``%00``,
+    bytes that are not UTF-8, ...): no run can be registered under it, and saying why beats a 404."""
+    problem = id_problem(segment)
+    if problem is None:
+        return False
+    error = InvalidRunIdError(segment, problem)
+    await _respond(send, 400, msgspec.json.encode({"error": str(error), "code": error.code}))
+    return True
 
 
 # -- the app -------------------------------------------------------------------------------------
@@ -331,8 +332,13 @@ class ToolBridgeApp:
         thread_id: str | None = None,
         permission: Tool | None = None,
     ) -> BridgeRegistration:
-        """Serve ``tools`` for ``run_id`` until the registration is closed; the token is minted unless given."""
+        """Serve ``tools`` for ``run_id`` until the registration is closed; the token is minted unless given.
+
+        A bad ``run_id`` / ``thread_id`` raises ``InvalidRunIdError`` / ``InvalidThreadIdError`` (``boxwright.ids``).
+        """
         check_run_id(run_id)
+        if thread_id is not None:
+            check_thread_id(thread_id)
         if run_id in self._runs:
             raise ToolBridgeConfigError(f"run {run_id!r} is already registered on this bridge")
         token = check_token(token) if token is not None else secrets.token_hex(24)
@@ -387,6 +393,8 @@ class ToolBridgeApp:
         segments = _path_segments(scope)
         entry = None
         if segments is not None and len(segments) == 3 and segments[0] == "runs" and segments[2] == "mcp":
+            if await refuse_bad_run_id(send, segments[1]):
+                return
             entry = self._runs.get(segments[1])
         headers = _RequestHeaders(scope)
         body = await read_gated_body(

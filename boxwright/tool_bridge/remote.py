@@ -6,9 +6,11 @@ tools from them whose execution is ``http_remote_tool_executor``'s POST. Host si
 tool's closures, database handles and secrets never leave the host.
 
 Tool-exec answers: 200 ``{"result": <value>}``; 400 body not JSON, no string ``name``, ``args``
-not an object, or an unknown tool; 401 bad bearer; 404 unknown run; 405 not POST; 413 body over
-the cap; 422 ``{"error", "kind": "arguments"}`` when the arguments fail the tool's schema; 500
-``{"error"}`` when the tool raised. Every body is JSON and none carries a traceback or the token.
+not an object, or an unknown tool; 400 ``{"error", "code": "invalid_run_id"}`` when the path's run
+segment is no run id (``boxwright.ids``: ``..``, ``%2F``, ``%00``, ...); 401 bad bearer; 404
+unknown run; 405 not POST; 413 body over the cap; 422 ``{"error", "kind": "arguments"}`` when the
+arguments fail the tool's schema; 500 ``{"error"}`` when the tool raised. Every body is JSON and
+none carries a traceback or the token.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import msgspec
 
 from ..abort import AbortSignal
 from ..errors import RemoteToolError, ToolArgumentsError, UnknownToolError
+from ..ids import check_run_id, check_thread_id
 from .asgi import (
     _BRIDGE_ERROR,
     DEFAULT_MAX_BODY_BYTES,
@@ -35,8 +38,8 @@ from .asgi import (
     _refuse_non_http,
     _RequestHeaders,
     _respond,
-    check_run_id,
     read_gated_body,
+    refuse_bad_run_id,
 )
 from .tools import (
     EMPTY_OBJECT_SCHEMA,
@@ -216,6 +219,8 @@ class ToolExecRun:
     _authorization: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.thread_id is not None:
+            check_thread_id(self.thread_id)
         self._by_name = {t.name: t for t in self.tools}
         self._authorization = b"Bearer " + self.token.encode()
 
@@ -254,13 +259,15 @@ def tool_exec_app(
     async def serve(scope: Scope, receive: Receive, send: Send) -> None:
         segments = _path_segments(scope)
         run = None
-        if segments is not None and len(segments) == 2 and segments[0] == "tool-exec":
+        if len(segments) == 2 and segments[0] == "tool-exec":
+            if await refuse_bad_run_id(send, segments[1]):
+                return
             run = lookup(segments[1])
         headers = _RequestHeaders(scope)
         body = await read_gated_body(scope, receive, send, headers, run._authorization if run else None, max_body_bytes)
         if run is None or body is None:
             return
-        work = asyncio.ensure_future(execute(run, segments[1] if segments else "", body))
+        work = asyncio.ensure_future(execute(run, segments[1], body))
         # The body is read, so the next receive() only returns when the caller hangs up: then the
         # container has given up on this call (its run was aborted) and the host tool is cancelled too.
         hangup = asyncio.ensure_future(receive())

@@ -70,7 +70,7 @@ def test_journaled_run_matches_a_plain_run_and_survives_its_driver(kind: str, tm
         stream = run_agent(sandbox, harness, "go", thread_id=thread_id, run_id=run_id, store=store, **kw)  # type: ignore[arg-type]
         return [e async for e in stream]
 
-    # Journals of local-process sandboxes share the host's /tmp: run ids of this test's own.
+    # Run ids of this test's own (journals are per sandbox now, but a stale store must not match either).
     tag = uuid.uuid4().hex[:8]
 
     async def main() -> None:

@@ -30,6 +30,7 @@ from boxwright.journal import (
     Producing,
     Unknown,
     journal_cleanup_command,
+    journal_dir_of,
     journal_paths,
     start_journaled_agent,
 )
@@ -287,11 +288,11 @@ async def _stop(provider: SandboxProvider, instance: InstanceRecord, stop: Path,
 
     if kind == "local-process":
         stop.touch()
-        await asyncio.sleep(0.3)  # it sees the file, ends, and appends its sentinel on the host's /tmp
+        await asyncio.sleep(0.3)  # it sees the file, ends, and appends its sentinel in the sandbox's journal dir
         handle = await provider.resume(ResumeInput(id=instance.provider_sandbox_id))
         if handle is None:
             handle = await provider.create(CreateInput())
-        await handle.process.exec(journal_cleanup_command(journal_paths(run_id)))
+        await handle.process.exec(journal_cleanup_command(journal_paths(run_id, journal_dir_of(handle))))
         await handle.destroy()
     await provider.destroy(DestroyInput(id=instance.provider_sandbox_id))
 
@@ -321,7 +322,7 @@ def test_a65_has_finished_reads_the_real_journal_tail(kind: str, tmp_path: Path)
                 ),
             }
             for run_id, command in ran.values():
-                await start_journaled_agent(handle, command, journal_paths(run_id))
+                await start_journaled_agent(handle, command, journal_paths(run_id, journal_dir_of(handle)))
 
             async def exited() -> bool:
                 return isinstance(await has_finished(record(ran["exit"][0])), Finished)
@@ -331,7 +332,7 @@ def test_a65_has_finished_reads_the_real_journal_tail(kind: str, tmp_path: Path)
             assert await has_finished(record(ran["forged"][0])) == Producing()
             assert await has_finished(record(f"absent-{suffix}")) == Producing()
             for run_id, _ in ran.values():
-                await handle.process.exec(journal_cleanup_command(journal_paths(run_id)))
+                await handle.process.exec(journal_cleanup_command(journal_paths(run_id, journal_dir_of(handle))))
             # A sandbox that can no longer run anything is unknown, never finished.
             await handle.destroy()
             gone = await has_finished(record(ran["exit"][0]))

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from boxwright.errors import AgentProcessExitError, InvalidRunIdError, JournalAttachUnavailableError, JournalFrameError
+from boxwright.ids import id_problem
 from boxwright.journal import (
     DEFAULT_JOURNAL_DIR,
     NONCE_DOMAIN,
@@ -34,6 +35,7 @@ from boxwright.journal import (
     encode_run_id,
     exit_sentinel_line,
     journal_cleanup_command,
+    journal_dir_of,
     journal_exists_command,
     journal_exit_probe_command,
     journal_follow_command,
@@ -123,9 +125,16 @@ def test_adversarial_ids_give_distinct_filename_safe_tokens() -> None:
     assert len(set(tokens)) == len(tokens)
     for run_id, token in zip(ADVERSARIAL, tokens, strict=True):
         assert TOKEN.fullmatch(token), (run_id, token)
-        # Always a suffix, so even `..` names a plain file in the journal dir.
+        if id_problem(run_id) is not None:
+            # The encoder still names it (an older version's journal must decode), but no path is built for it.
+            with pytest.raises(InvalidRunIdError, match="run id"):
+                journal_paths(run_id)
+            continue
+        # Always a suffix, so every accepted id names a plain file in the journal dir.
         journal = journal_paths(run_id).journal
         assert os.path.dirname(os.path.normpath(journal)) == DEFAULT_JOURNAL_DIR, journal
+    refused = {run_id for run_id in ADVERSARIAL if id_problem(run_id)}
+    assert refused == {"a/b", "../etc/passwd", "..", ".", "$(rm -rf /)", "x\ny", "\x00"}
     assert encode_run_id("🙂") == "_f0_9f_99_82"
     assert encode_run_id("a b") == "a_20b"
 
@@ -244,11 +253,11 @@ def test_commands_equal_their_templates() -> None:
     e = "'/tmp/boxwright-runs/it_27s_20_24_28x_29.err'"
     d = "'/tmp/boxwright-runs'"
     assert journaled_command("my agent 'q'", p) == (
-        f"mkdir -p {d} && {{ ( my agent 'q' ); "
+        f"( umask 077 && mkdir -p {d} && : >> {j} && : >> {e} ) && {{ ( my agent 'q' ); "
         f'printf \'{{"__exit":%d,"__nonce":"{p.nonce}"}}\\n\' "$?"; }} >> {j} 2>> {e}'
     )
     assert journal_follow_command(p, 0) == (
-        f"mkdir -p {d} 2>/dev/null; : >> {j} 2>/dev/null; tail -c +1 -f {j} 2>/dev/null"
+        f"umask 077; mkdir -p {d} 2>/dev/null; : >> {j} 2>/dev/null; tail -c +1 -f {j} 2>/dev/null"
     )
     assert journal_follow_command(p, 41).endswith(f"tail -c +42 -f {j} 2>/dev/null")
     assert journal_read_command(p, 0) == f"tail -c +1 {j} 2>/dev/null | base64"
@@ -300,6 +309,30 @@ def test_the_shell_writes_exactly_the_sentinel_line_even_after_a_bare_exit() -> 
         with open(paths.stderr, "rb") as f:
             assert f.read() == b"warn\n"
         assert parse_journal_exit(data.decode(), paths) == 0
+
+
+def test_the_journal_is_private_from_its_first_byte_and_the_agent_keeps_its_umask() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = journal_paths("private", os.path.join(tmp, "state", "journals"))
+        probe = os.path.join(tmp, "agent-file")
+        # The agent reports the modes while it runs: the files exist, private, before it prints a byte.
+        agent = f"stat -c %a {paths.dir} {paths.journal} {paths.stderr} >&2; umask >&2; : > {probe}"
+        assert _sh(f"umask 022; {journaled_command(agent, paths)}") == 0
+        with open(paths.stderr) as f:
+            assert f.read().split() == ["700", "600", "600", "0022"]
+        assert oct(os.stat(probe).st_mode & 0o777) == "0o644"
+        assert oct(os.stat(os.path.dirname(paths.dir)).st_mode & 0o777) == "0o700"
+
+
+def test_a_handle_names_its_own_journal_dir_else_the_default() -> None:
+    class Own:
+        journal_dir = "/srv/state/journals/"
+
+    assert journal_dir_of(Own()) == "/srv/state/journals"
+    assert journal_dir_of(object()) == DEFAULT_JOURNAL_DIR
+    Own.journal_dir = "relative"
+    with pytest.raises(ValueError, match="absolute"):
+        journal_dir_of(Own())
 
 
 # -- R15: the sentinel parser -----------------------------------------------------------------------
