@@ -38,6 +38,7 @@ from .events import (
 )
 from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
+from .host_paths import expose_host_command, host_path_env
 from .journal import (
     DEFAULT_FIRST_BYTE_TIMEOUT_MS,
     DEFAULT_JOURNAL_POLL_MS,
@@ -322,6 +323,11 @@ async def _drive(
         if scrub is not None:
             scrub.add([registration.token])
         hctx.bridge = BridgeConfig(url=registration.url, token=registration.token)
+    executable = getattr(harness, "executable", None)
+    if isinstance(executable, str) and executable.split():
+        # Found on the host and shown read-only to a sandbox that can be shown host paths (bubblewrap):
+        # an agent CLI installed in /opt or ~/.local runs there as it does on the host, by absolute path.
+        hctx.executable = expose_host_command(handle, executable.split()[0], host_path_env(hctx.host_env))
     plan: HarnessPlan = harness.plan(hctx)
     register_secret_values(plan.secrets)
     if scrub is not None:

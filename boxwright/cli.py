@@ -192,13 +192,13 @@ def _harness(spec: str, model: str | None) -> Any:
     raise SystemExit(f"--harness takes claude-code or command:<shell command>, got {spec!r}")
 
 
-def _provider(name: str, ro_binds: list[str]) -> Any:
+def _provider(name: str) -> Any:
     from .providers import bubblewrap_sandbox, local_process_sandbox
 
     if name == "local":
         return local_process_sandbox()
     if name == "bubblewrap":
-        return bubblewrap_sandbox(ro_binds=[b for b in ro_binds if os.path.isdir(b)])
+        return bubblewrap_sandbox()
     raise SystemExit(f"--provider takes local or bubblewrap, got {name!r}")
 
 
@@ -211,11 +211,9 @@ async def _run(args: argparse.Namespace) -> int:
 
     harness = _harness(args.harness, args.model)
     workspace = _workspace(args.repo)
-    binds = [os.path.abspath(args.repo)] if args.repo and os.path.isdir(args.repo) else []
-    executable = getattr(harness, "executable", None)
-    if executable and shutil.which(executable):
-        binds.append(os.path.dirname(os.path.dirname(os.path.realpath(shutil.which(executable) or ""))))
-    sandbox = define_sandbox("cli", _provider(args.provider, binds), workspace)
+    # No binds of its own: run_agent shows bubblewrap the agent CLI the PATH finds and the workspace
+    # shows it a local repository, so a script calling run_agent gets what the command gets.
+    sandbox = define_sandbox("cli", _provider(args.provider), workspace)
     tools = _load_tools(args.tools) if args.tools else None
     thread_id = args.thread or _fresh_thread_id()
     if not args.thread:

@@ -29,6 +29,7 @@ from typing import Any, Literal, NamedTuple
 
 from .abort import AbortSignal
 from .errors import BoxwrightError, SecretResolutionError
+from .git_exclude import hide_from_git
 from .sandbox import WORKSPACE, ProcessOptions, SandboxHandle
 from .secrets import BearerRef, SecretRef, Secrets, is_bearer_ref, redact, resolve_bearer, resolve_secret
 from .shell import quote
@@ -238,6 +239,8 @@ async def project_workspace(
             )
     for plugin in projection.plugins:
         await run.install_plugin(plugin)
+    # Before the marker exists: an interrupted projection runs again, and the agent starts only after.
+    await hide_from_git(handle, root, run.own_paths())
     await handle.fs.write(projection.marker_path, "")
 
 
@@ -261,6 +264,15 @@ class _Run:
         self.logger = logger
         self.resolved: set[str] = set()
         self.linked: dict[str, str] = {}
+        self.written: list[str] = []  # files and links this projection made in the workspace
+
+    def own_paths(self) -> list[str]:
+        """What this projection put in the worktree, as root-anchored git exclude patterns."""
+        patterns = [f"/{PROJECTION_MARKER_PREFIX}*"]  # every hash's: a changed workspace leaves the old marker
+        for path in self.written:
+            if path.startswith(self.root.rstrip("/") + "/"):
+                patterns.append("/" + posixpath.relpath(path, self.root))
+        return patterns
 
     def warn(self, item: str, message: str) -> None:
         _warn_once(self.logger, self.handle, self.harness, item, self._mask(message))
@@ -300,6 +312,7 @@ class _Run:
                 f"{self.harness}: {path} could not be parsed; rewritten with only the workspace MCP servers",
             )
         await self.handle.fs.write(path, text)
+        self.written.append(path)
 
     def _server(self, skill: McpSkill) -> McpServer | None:
         url = skill.config.get("url")
@@ -365,8 +378,11 @@ class _Run:
         opts = ProcessOptions(cwd=skills_dir)
         linked = await self.handle.process.exec(f"ln -s {quote(source)} {quote(name)}", opts)
         if linked.exit_code == 0:
+            self.written.append(dest)
             return
         copied = await self.handle.process.exec(f"cp -r {quote(source)} {quote(name)}", opts)
+        if copied.exit_code == 0:
+            self.written.append(dest)
         if copied.exit_code != 0:
             self.warn(
                 f"skill-folder:{folder}",

@@ -25,6 +25,8 @@ import msgspec
 
 from .abort import AbortSignal
 from .errors import GitSkillError, SandboxCommandError, WorkspaceSourceError
+from .git_exclude import hide_from_git
+from .host_paths import expose_host_directory, host_directory_of
 from .sandbox import WORKSPACE, ProcessOptions, SandboxHandle
 from .secrets import SecretRef, Secrets, create_secrets, is_secret_ref, redact, resolve_all_secrets, resolve_secret
 from .setup_shell import (
@@ -431,6 +433,9 @@ async def bootstrap(
         if isinstance(skill, GitSkill):
             check()
             await _clone_git_skill(handle, workspace, root, skill)
+    if any(isinstance(skill, GitSkill) and skill.into is None for skill in workspace.skills):
+        # Our clones, not the agent's work: out of every diff and of the agent's `git add -A`.
+        await hide_from_git(handle, root, [f"/{SKILLS_DIR}/"])
     check()
     await _write_instructions_and_files(handle, workspace, root, signal)
     package_manager = await detect_package_manager(handle, workspace)
@@ -450,6 +455,7 @@ async def _land_source(handle: SandboxHandle, ws: Workspace, root: str, signal: 
                 auth["username"] = source.auth.username
         # Depth only when set: the provider default is the shallow clone (R2).
         extra: dict[str, Any] = {} if source.depth is None else {"depth": source.depth}
+        _show_local_repository(handle, source.url)
         try:
             await handle.git.clone(source.url, root, ref=source.ref, auth=auth, **extra)
         except SandboxCommandError as exc:
@@ -458,6 +464,14 @@ async def _land_source(handle: SandboxHandle, ws: Workspace, root: str, signal: 
         if await handle.fs.exists(root) and await handle.fs.list(root):
             return  # the provider mounted or copied the directory at create
         await _copy_host_dir(handle, source.path, root, signal)
+
+
+def _show_local_repository(handle: SandboxHandle, url: str) -> None:
+    # A clone inside the sandbox reads a host repository (file:///srv/repo) through the sandbox's
+    # eyes: bubblewrap shows it read-only, on its own, for as long as the handle lives.
+    path = host_directory_of(url)
+    if path is not None:
+        expose_host_directory(handle, path)
 
 
 async def _copy_host_dir(handle: SandboxHandle, src: str, root: str, signal: AbortSignal | None) -> None:
@@ -513,6 +527,7 @@ async def _clone_git_skill(handle: SandboxHandle, ws: Workspace, root: str, skil
     auth = None
     if skill.secret is not None and ws.secrets is not None:
         auth = {"token": resolve_secret(ws.secrets, skill.secret)}
+    _show_local_repository(handle, url)
     try:
         await handle.git.clone(url, target, auth=auth, depth=1)
     except SandboxCommandError as exc:

@@ -27,6 +27,7 @@ from ..events import (
     ToolCallResultEvent,
     now_ms,
 )
+from ..host_paths import HostCommand, bind_hint, find_host_command, host_path_env
 from ..policy import SandboxPolicy
 from ..sandbox import Capabilities
 
@@ -71,6 +72,9 @@ class HarnessContext:
     auth_mode: AuthMode | None = None
     host_env: Mapping[str, str] = field(default_factory=dict)
     file_suffix: str = ""
+    # The harness's executable as the host found it and the sandbox was shown it (``boxwright.host_paths``):
+    # run by this argv instead of its bare name, which the sandbox's own PATH need not find.
+    executable: HostCommand | None = None
 
 
 @dataclass
@@ -229,6 +233,33 @@ class LineSplitter:
         self._size = 0
         self._oversized = False
         return [line for line in tail if line.strip()]
+
+
+def executable_argv(executable: str, ctx: HarnessContext) -> list[str]:
+    """``executable`` (split on spaces, ``"npx claude"`` works) with its first word as the host found it."""
+    words = executable.split()
+    if ctx.executable is not None and ctx.executable.name == words[0]:
+        return [*ctx.executable.argv, *words[1:]]
+    return words
+
+
+def executable_not_found_hint(executable: str, ctx: HarnessContext, install: str) -> str:
+    """What a user does about an executable the sandbox did not find: where the host has it, and how to show it."""
+    found = ctx.executable
+    if found is None:
+        name = executable.split()[0]
+        on_host = find_host_command(name, host_path_env(ctx.host_env))
+        if on_host is None:
+            return f"it is not on the host's PATH either; install it ({install}) or pass its path as executable="
+        return (
+            f"it is at {on_host.host_path} on the host, which this sandbox does not show; "
+            f"install it in the sandbox image or setup ({install})"
+        )
+    bound = f", with {', '.join(found.bound)} bound read-only" if found.bound else ""
+    return (
+        f"it is at {found.host_path} on the host and ran as {' '.join(found.argv)}{bound}; "
+        f"something it needs is not visible in the sandbox: {bind_hint('<that host path>')}"
+    )
 
 
 def csv(values: Iterable[str]) -> str:

@@ -51,7 +51,15 @@ from ..policy import (
     resolve_approval,
 )
 from ..tool_bridge.tools import Tool, define_tool
-from .base import HarnessContext, HarnessPlan, RunFrame, ToolCallLedger, csv
+from .base import (
+    HarnessContext,
+    HarnessPlan,
+    RunFrame,
+    ToolCallLedger,
+    csv,
+    executable_argv,
+    executable_not_found_hint,
+)
 
 NAME = "claude-code"
 LOCAL_PROCESS = "local-process"
@@ -141,7 +149,8 @@ class ClaudeCodeHarness:
         suffix = _file_suffix(ctx)
         q = shell.quote
         # ``project`` too: with ``user`` alone Claude ignores the workspace's .mcp.json and .claude/skills.
-        parts = ["exec", *(q(p) for p in self.executable.split())]
+        # By absolute path when run_agent found it on the host: a sandbox's PATH need not find an install in /opt.
+        parts = ["exec", *(q(p) for p in executable_argv(self.executable, ctx))]
         parts += ["--setting-sources", "user,project", "-p", "--output-format", "stream-json", "--verbose"]
         if self.model:
             parts += ["--model", q(self.model)]
@@ -355,6 +364,7 @@ class ClaudeCodeTranslator:
         self._bridge_prefix = f"mcp__{bridge_server}__"
         self._structured = structured
         self._executable = executable
+        self._ctx = ctx
         self._announced_sessions: set[str] = set()
         self._model: str | None = None
         self._streamed: set[str] = set()  # message ids whose text and thinking came as partials
@@ -656,8 +666,8 @@ class ClaudeCodeTranslator:
         tail = stderr_tail.strip()[-STDERR_TAIL_CHARS:]
         if exit_code == 127 and ("not found" in tail.lower() or "no such file" in tail.lower()):
             return (
-                f"the Claude Code executable {self._executable!r} was not found in the sandbox ({tail}). "
-                f"Install it in the sandbox image or setup: {INSTALL_COMMAND}",
+                f"the Claude Code executable {self._executable!r} was not found in the sandbox ({tail}): "
+                + executable_not_found_hint(self._executable, self._ctx, INSTALL_COMMAND),
                 "executable_not_found",
             )
         if exit_code == 0:

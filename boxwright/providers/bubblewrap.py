@@ -193,6 +193,27 @@ class BubblewrapHandle:
         self.process = HostProcesses(self._launch, logger)
         self.git = ExecGit(self.process)
         self.ports = LocalPorts()
+        # Added by bind_read_only for this handle's life (an agent CLI found on the host, a repository
+        # to clone): not part of the provider's identity, so they never make a new sandbox.
+        self._extra_ro_binds: list[str] = []
+
+    def shows_host_path(self, path: str) -> bool:
+        """Whether the host path ``path`` is visible at the same path inside this sandbox (``HostPathBinder``)."""
+        real = os.path.realpath(path)
+        args = _root_args()
+        same = [args[i + 1] for i in range(len(args) - 2) if args[i] == "--ro-bind" and args[i + 1] == args[i + 2]]
+        roots = [*same, *self._ro_binds, *self._extra_ro_binds]
+        return any(real == root or real.startswith(root.rstrip("/") + "/") for root in roots)
+
+    def bind_read_only(self, paths: Sequence[str]) -> None:
+        """Show host ``paths`` read-only at the same path to this handle's later commands (``HostPathBinder``)."""
+        for path in paths:
+            real = os.path.realpath(path)
+            if not os.path.exists(real):
+                # bwrap refuses to start a command over a missing bind source: say which one, here.
+                raise FileNotFoundError(f"cannot bind {real!r} into the sandbox: it does not exist on the host")
+            if real not in self._extra_ro_binds and real not in self._ro_binds:
+                self._extra_ro_binds.append(real)
 
     def _launch(
         self, command: str, cwd: str | None, env: Mapping[str, str] | None
@@ -210,7 +231,7 @@ class BubblewrapHandle:
         argv += _root_args()
         argv += ["--bind", self.workspace_root, "/workspace", "--bind", self._tmp, "/tmp"]
         # After /tmp, so a host path under /tmp can still be shown to the sandbox.
-        for path in self._ro_binds:
+        for path in (*self._ro_binds, *self._extra_ro_binds):
             argv += ["--ro-bind", path, path]
         argv += ["--chdir", inside]
         argv += ["--", "sh", "-c", command]
