@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -224,3 +225,14 @@ def test_gc_removes_what_no_record_owns_and_says_what(tmp_path: Path) -> None:
     refused = _run(["gc", "--db", str(tmp_path / "nope.db"), "--sandbox-dir", str(local)], tmp_path)
     assert refused.returncode == 2 and "no boxwright database" in refused.stderr
     assert owned.is_dir()
+
+
+def test_a_run_that_fails_before_the_agent_starts_says_why_once(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on: the clone fails at once
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/nope.git"
+    done = _run(["run", "hi", "--harness", "command:echo hi", "--repo", url], tmp_path)
+    assert done.returncode == 1
+    both = done.stdout + done.stderr
+    assert both.count("could not land workspace source") == 1, both
+    assert "(WorkspaceSourceError)" in done.stdout
