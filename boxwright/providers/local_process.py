@@ -5,9 +5,10 @@ API keys are exported there); ``scrub_env`` deletes keys so a host CLI login
 wins over them. No snapshots, and no resume but of a directory that still exists.
 
 The host ``/tmp`` is everybody's, so journals do not live in it: each sandbox has a
-private state directory ``<base_dir>/state-<sha256(root)>`` (0700, outside the workspace so
-it never shows in git), named by its root so a process resuming the same root finds the
-same journals, and removed by destroy even when the workspace directory is the user's.
+private state directory ``<base_dir>.state/<sha256(root)>`` (both levels 0700 and this
+user's), outside the workspace so it never shows in git, and beside ``base_dir`` so that
+stays one entry per sandbox. It is named by the root, so a process resuming the same root
+finds the same journals, and destroy removes it even when the workspace directory is the user's.
 """
 
 from __future__ import annotations
@@ -67,26 +68,28 @@ def default_base_dir() -> str:
 def state_dir_for(base_dir: str, root: str) -> str:
     """The private state directory of the sandbox at ``root``: derived, so every host agrees."""
     digest = hashlib.sha256(os.path.realpath(root).encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return os.path.join(base_dir, f"state-{digest}")
+    return os.path.join(base_dir.rstrip(os.sep) + ".state", digest)
 
 
 def _ensure_private_dir(path: str) -> None:
-    """``path`` as a 0700 directory of this user; refused if someone else's or a symlink (a shared
-    base dir lets another user pre-create the predictable name to read the journals)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    owner = os.geteuid() if hasattr(os, "geteuid") else info.st_uid
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != owner:
-        raise SandboxPathError(
-            path,
-            os.path.dirname(path),
-            "is not a directory of this user (a symlink, a file, or another user's), so it cannot hold the "
-            "sandbox's journals; remove it, or give the provider a base_dir of your own, under",
-        )
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+    """``path`` and its parent as 0700 directories of this user. Either one a symlink or someone
+    else's is refused: under a shared /tmp another user can pre-create the predictable names, or
+    swap an entry of a parent they may write, to read the journals."""
+    for level in (os.path.dirname(path), path):
+        os.makedirs(os.path.dirname(level), exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(level, 0o700)
+        info = os.lstat(level)
+        owner = os.geteuid() if hasattr(os, "geteuid") else info.st_uid
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != owner:
+            raise SandboxPathError(
+                level,
+                os.path.dirname(level),
+                "is not a directory of this user (a symlink, a file, or another user's), so it cannot hold "
+                "the sandbox's journals; remove it, or give the provider a base_dir of your own, under",
+            )
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.chmod(level, 0o700)
 
 
 class LocalProcessHandle:
