@@ -1,6 +1,7 @@
 """``boxwright gc``: remove the sandbox folders and run journals that no record owns any more.
 
-A sandbox folder is owned while an instance record names it; a journal while its run is not over.
+A sandbox folder is owned while an instance record names it (local-process's private state beside
+it, ``<base>.state/<digest>``, goes with it); a journal while its run is not over.
 What nothing owns piles up in the host's temp directory run after run. Three guards keep gc from
 removing what someone still uses: a folder or journal younger than ``min_age`` stays (a run
 creates its sandbox before it records it), a folder a live process works in or names on its
@@ -112,13 +113,24 @@ def _used_by(path: str, users: Iterable[tuple[int, str, str]]) -> int | None:
     return None
 
 
-async def _remove_sandbox(path: str) -> None:
-    from .providers.bubblewrap import BubblewrapProvider
+def _state_dir(base: str, root: str) -> str | None:
+    """Where local-process keeps a sandbox's private state (journals), if this version keeps one."""
+    from .providers import local_process
 
+    derive = getattr(local_process, "state_dir_for", None)
+    return derive(base, root) if callable(derive) else None
+
+
+async def _remove_sandbox(base: str, path: str) -> None:
+    from .providers.bubblewrap import BubblewrapProvider
+    from .providers.local_process import LocalProcessProvider
+
+    # Each provider's own destroy: bubblewrap kills what still runs there and never removes a
+    # workspace the user named; local-process removes the folder and its private state with it.
     if os.path.isfile(os.path.join(path, "sandbox.json")):
-        # bubblewrap's own teardown: it kills what still runs there and never removes a workspace the
-        # user named (that lives outside the folder and stays).
-        await BubblewrapProvider(base_dir=os.path.dirname(path)).destroy(DestroyInput(id=path))
+        await BubblewrapProvider(base_dir=base).destroy(DestroyInput(id=path))
+    else:
+        await LocalProcessProvider(base_dir=base).destroy(DestroyInput(id=path))
     if os.path.lexists(path):
         await asyncio.to_thread(remove_tree_with_retry, path, None)
 
@@ -139,25 +151,57 @@ async def collect_garbage(
     cutoff = (time.time() if now is None else now) - min_age
     owned = await _owned_sandboxes(db)
     users = await asyncio.to_thread(_live_users)
+    journal_dirs = [journal_dir]
     for base in default_sandbox_dirs() if sandbox_dirs is None else sandbox_dirs:
         if not os.path.isdir(base):
             continue
+        base = os.path.realpath(base)
+        standing: set[str] = set()  # sandbox folders that stay: their private state stays too
         for name in sorted(os.listdir(base)):
-            path = os.path.realpath(os.path.join(base, name))
-            if not os.path.isdir(path):
+            path = os.path.join(base, name)
+            if not os.path.isdir(path) or os.path.islink(path):
                 continue
             if path in owned:
-                result.kept.append(GcEntry("sandbox", path, "a sandbox record owns it"))
+                reason = "a sandbox record owns it"
             elif _newest_mtime(path) > cutoff:
-                result.kept.append(GcEntry("sandbox", path, f"changed less than {min_age:g} s ago"))
+                reason = f"changed less than {min_age:g} s ago"
             elif (pid := _used_by(path, users)) is not None:
-                result.kept.append(GcEntry("sandbox", path, f"in use by process {pid}"))
+                reason = f"in use by process {pid}"
             else:
                 if not dry_run:
-                    await _remove_sandbox(path)
+                    await _remove_sandbox(base, path)
                 result.removed.append(GcEntry("sandbox", path, "no sandbox record owns it"))
-    await _journals(db, journal_dir, cutoff, min_age, result)
+                continue
+            result.kept.append(GcEntry("sandbox", path, reason))
+            standing.add(path)
+        journal_dirs += await _states(base, standing | owned, cutoff, min_age, result)
+    for directory in journal_dirs:
+        await _journals(db, directory, cutoff, min_age, result)
     return result
+
+
+async def _states(base: str, standing: set[str], cutoff: float, min_age: float, result: GcResult) -> list[str]:
+    """Sweep local-process's ``<base>.state``: a state whose sandbox folder is gone goes; the journal
+    folders of those that stay are returned, to be swept run by run."""
+    states = base.rstrip(os.sep) + ".state"
+    if not os.path.isdir(states) or _state_dir(base, base) is None:
+        return []
+    alive = {_state_dir(base, root) for root in standing}
+    kept: list[str] = []
+    for name in sorted(os.listdir(states)):
+        path = os.path.join(states, name)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        if path in alive:
+            kept.append(os.path.join(path, "journals"))
+        elif _newest_mtime(path) > cutoff:
+            result.kept.append(GcEntry("sandbox", path, f"sandbox state changed less than {min_age:g} s ago"))
+            kept.append(os.path.join(path, "journals"))
+        else:
+            if not result.dry_run:
+                await asyncio.to_thread(remove_tree_with_retry, path, None)
+            result.removed.append(GcEntry("sandbox", path, "the state of a sandbox that is gone"))
+    return kept
 
 
 async def _journals(db: SqliteDatabase, journal_dir: str, cutoff: float, min_age: float, result: GcResult) -> None:

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
+import pytest
 
 from boxwright.events import CustomEvent, RunErrorEvent, RunFinishedEvent, TextMessageContentEvent, decode_ndjson
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
@@ -236,3 +238,36 @@ def test_a_run_that_fails_before_the_agent_starts_says_why_once(tmp_path: Path) 
     both = done.stdout + done.stderr
     assert both.count("could not land workspace source") == 1, both
     assert "(WorkspaceSourceError)" in done.stdout
+
+
+def test_gc_sweeps_local_process_state_and_the_journals_kept_there(tmp_path: Path) -> None:
+    from boxwright.journal import journal_paths
+    from boxwright.providers import local_process_sandbox
+
+    local, db = tmp_path / "local", tmp_path / "gc.db"
+    provider = local_process_sandbox(base_dir=str(local))
+
+    async def three() -> list[Any]:
+        return [await provider.create() for _ in range(3)]
+
+    owned, orphan, vanished = asyncio.run(three())
+    if getattr(owned, "journal_dir", None) is None:
+        pytest.skip("this local-process provider keeps no private state directory")
+    state_of = {h.id: Path(h.journal_dir).parent for h in (owned, orphan, vanished)}
+    asyncio.run(_records(db, Path(owned.id), {"run-done": "completed", "run-live": "running"}))
+    os.makedirs(owned.journal_dir, exist_ok=True)
+    for run_id in ("run-done", "run-live"):
+        Path(journal_paths(run_id, owned.journal_dir).journal).write_text("{}\n")
+    shutil.rmtree(vanished.id)  # its folder went; its private state stayed behind
+    for path in [Path(owned.id), Path(orphan.id), *state_of.values(), Path(owned.journal_dir)]:
+        _age(path, 7200)
+    done = _run(["gc", "--db", str(db), "--sandbox-dir", str(local), "--journal-dir", str(tmp_path / "none")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert not Path(orphan.id).exists() and not state_of[orphan.id].exists(), out
+    assert not state_of[vanished.id].exists(), out
+    assert f"removed sandbox {state_of[vanished.id]} (the state of a sandbox that is gone)" in out, out
+    assert Path(owned.id).is_dir() and state_of[owned.id].is_dir()
+    left = sorted(p.name for p in Path(owned.journal_dir).iterdir())
+    assert left == [Path(journal_paths("run-live", owned.journal_dir).journal).name], left
+    assert "(run run-done ended completed)" in out, out
