@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Protocol, TypeAlias, get_args
 
 import msgspec
 
+from boxwright._json import SHALLOW_LEN, BoundedDecoder, JsonBoundsError, JsonTooDeepError, decode_json, depth_exceeds
 from boxwright.errors import EventDecodeError
 
 _MAX_SAFE_INT = 2**53 - 1
@@ -357,7 +358,11 @@ EXTRA_FIELDS: dict[type[msgspec.Struct], frozenset[str]] = {
 EVENT_TYPE_BY_NAME: dict[str, type[Event]] = {str(t.__struct_config__.tag): t for t in EVENT_TYPES}
 
 _encoder = msgspec.json.Encoder()
-_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
+# Bounded (boxwright._json): events arrive from agents (harness lines, journals) as often as from
+# our own stores. ``decode_event`` inlines what BoundedDecoder.decode does: it is the hot path
+# (bench/event_codec.py), and a Python call per event shows there.
+_decoder: BoundedDecoder[Event] = BoundedDecoder(Event)
+_raw_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 _canonical_encoder = msgspec.json.Encoder(order="sorted")
 
 
@@ -369,9 +374,14 @@ def encode_event(event: Event) -> bytes:
 def decode_event(data: bytes | str) -> Event:
     """One event from JSON; raises EventDecodeError saying what was wrong."""
     try:
-        return _decoder.decode(data)
+        event = _raw_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise EventDecodeError(_describe_failure(data, exc)) from None
+    except RecursionError:
+        raise EventDecodeError(_describe_failure(data, JsonTooDeepError(_decoder.max_depth))) from None
+    if len(data) > SHALLOW_LEN and depth_exceeds(data):
+        raise EventDecodeError(_describe_failure(data, JsonTooDeepError(_decoder.max_depth)))
+    return event
 
 
 def encode_ndjson(events: Iterable[Event]) -> bytes:
@@ -411,9 +421,14 @@ def decode_ndjson(data: bytes | str) -> list[Event]:
 
 
 def _describe_failure(data: bytes | str, exc: msgspec.DecodeError) -> str:
-    if not isinstance(exc, msgspec.ValidationError):
+    if isinstance(exc, JsonBoundsError) or not isinstance(exc, msgspec.ValidationError):
         return f"not valid JSON ({exc})"
-    document = msgspec.json.decode(data)  # the JSON itself parsed, or this would not be a ValidationError
+    try:
+        document = decode_json(data)
+    except msgspec.DecodeError:
+        # The text did not even parse as JSON: msgspec reports a number out of range (``1e999``,
+        # ``7e5123a fix the parser``) as a ValidationError, with no schema involved.
+        return f"not valid JSON ({exc})"
     kind = document.get("type") if isinstance(document, dict) else None
     if isinstance(kind, str) and kind in EVENT_TYPE_BY_NAME:
         return f"invalid {kind} event: {exc}"

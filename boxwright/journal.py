@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from ._json import MAX_AGENT_LINE_BYTES, decode_json
 from .abort import AbortSignal
 from .errors import (
     AbortError,
@@ -766,7 +767,8 @@ async def read_journal_ndjson(
             if exit_code is not None:
                 break
             try:
-                value = msgspec.json.decode(text)
+                # Bounded: an agent line too deep or too long is text like any other non-event line.
+                value = decode_json(text, max_bytes=MAX_AGENT_LINE_BYTES)
             except msgspec.DecodeError:
                 value = None
             if isinstance(value, dict):

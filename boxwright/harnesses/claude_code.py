@@ -23,6 +23,7 @@ from typing import Any, Literal
 import msgspec
 
 from .. import shell
+from .._json import MAX_AGENT_LINE_BYTES, decode_json
 from ..auth import AuthMode, harness_auth_env, resolve_auth_mode, scrub_env_for
 from ..events import (
     CustomEvent,
@@ -346,8 +347,8 @@ def _json_object(text: str) -> dict[str, Any] | None:
         candidates.append(text[start : end + 1])
     for candidate in candidates:
         try:
-            value = json.loads(candidate)
-        except ValueError:
+            value = decode_json(candidate)  # model text: bounded like every line it came in
+        except msgspec.DecodeError:
             continue
         if isinstance(value, dict) and value:
             return value
@@ -383,7 +384,7 @@ class ClaudeCodeTranslator:
         if self._frame.ended or not line.strip():
             return out
         try:
-            data = msgspec.json.decode(line)
+            data = decode_json(line, max_bytes=MAX_AGENT_LINE_BYTES)
         except Exception:  # not JSON (a log line, a cut-off write): counted, never fatal
             self.skipped_lines += 1
             return out
@@ -591,8 +592,8 @@ class ClaudeCodeTranslator:
             out += self._reasoning_end(block.message_id)
         else:
             try:
-                self._capture(json.loads("".join(block.parts)))
-            except ValueError:
+                self._capture(decode_json("".join(block.parts)))
+            except msgspec.DecodeError:
                 pass
 
     def _close_blocks(self, out: list[Event]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .._json import MAX_AGENT_LINE_BYTES
 from ..errors import EventDecodeError
 from ..events import (
     Event,
@@ -49,8 +50,10 @@ class CommandTranslator:
     def feed(self, line: str) -> list[Event]:
         if self._frame.ended:
             return []
+        if len(line) > MAX_AGENT_LINE_BYTES:
+            return self._text(line + "\n")  # longer than any event we decode: text, like any other non-event
         try:
-            event = decode_event(line)
+            event = decode_event(line)  # bounded: a too-deep line or one like ``1e999`` is text too
         except EventDecodeError:
             return self._text(line + "\n")
         out = self._close_text()

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from boxwright._json import JsonBoundsError, decode_json
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.errors import InvalidOffsetError, InvalidRunIdError
 from boxwright.events import Event, encode_event
@@ -52,6 +53,8 @@ MAX_WAIT_MS: Final = 55_000
 MAX_POLL_EVENTS: Final = 1000
 WS_OFFSET_TIMEOUT_S: Final = 10.0
 WS_REASON_BYTES: Final = 120
+# The one message a client sends is an offset (a few dozen characters): anything longer is not one.
+WS_MAX_MESSAGE_CHARS: Final = 4096
 
 _json = msgspec.json.Encoder()
 
@@ -293,12 +296,18 @@ def _offset_from_message(message: Mapping[str, Any]) -> str | None:
     text: object = message.get("text")
     raw = message.get("bytes")
     if text is None and isinstance(raw, bytes):
-        text = raw.decode("utf-8", "replace")
+        text = raw[: WS_MAX_MESSAGE_CHARS * 4 + 1].decode("utf-8", "replace")
     if not isinstance(text, str):
         return None
+    if len(text) > WS_MAX_MESSAGE_CHARS:
+        raise DeliveryRefusal(
+            400, 1009, f"the first message is over {WS_MAX_MESSAGE_CHARS} characters; send an offset", "too_large"
+        )
     if text.startswith("{"):
         try:
-            value = msgspec.json.decode(text).get("offset")
+            value = decode_json(text).get("offset")
+        except JsonBoundsError as exc:
+            raise DeliveryRefusal(400, 1007, f"the first message is not JSON a tail accepts: {exc}", "invalid_json") from None
         except (msgspec.DecodeError, AttributeError):
             return text  # refused by the offset check, which names it
         return value if isinstance(value, str) else text

@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from boxwright._json import BoundedDecoder, JsonBoundsError
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
@@ -428,9 +429,16 @@ async def _bounded_body(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+# Bounded in depth: msgspec skips an unknown field's value recursively, so 100k levels of ``[`` there
+# were a RecursionError (a 500) rather than a 400.
+_trigger_decoder = BoundedDecoder(StartRunRequest)
+
+
 def _decode_trigger(request: Request, raw: bytes) -> StartRunRequest | Response:
     try:
-        body = msgspec.json.decode(raw, type=StartRunRequest)
+        body = _trigger_decoder.decode(raw)
+    except JsonBoundsError as exc:
+        return _error(400, f"body must be valid JSON: {exc}", "invalid_body")
     except msgspec.ValidationError as exc:
         return _error(400, f"invalid body: {exc}", "invalid_body")
     except msgspec.DecodeError:

@@ -49,10 +49,12 @@ from urllib.parse import quote, unquote_to_bytes
 import msgspec
 import uvicorn
 
+from .._json import decode_json
 from ..abort import AbortController, AbortSignal
 from ..errors import InvalidRunIdError, ToolBridgeConfigError
 from ..ids import check_run_id, check_thread_id, id_problem
 from .core import INVALID_REQUEST, SERVER_NAME, ToolBridgeCore, handle_json_rpc, parse_error_reply
+from .guard import DEFAULT_MAX_REQUESTS_PER_RUN, RUN_BUSY, RunSlots, ServerLimits, guarded_protocol
 from .tools import EmitCustomEvent, Tool
 
 __all__ = [
@@ -301,10 +303,17 @@ async def read_gated_body(
 class ToolBridgeApp:
     """An ASGI app serving each registered run's tools over MCP at ``/runs/<run_id>/mcp``."""
 
-    def __init__(self, *, base_url: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_requests_per_run: int = DEFAULT_MAX_REQUESTS_PER_RUN,
+    ) -> None:
         self.base_url = base_url.rstrip("/") if base_url is not None else None
         self.max_body_bytes = max_body_bytes
         self._runs: dict[str, _Run] = {}
+        self._slots = RunSlots(max_requests_per_run)
 
     @staticmethod
     def path_for(run_id: str) -> str:
@@ -379,6 +388,10 @@ class ToolBridgeApp:
         if scope["type"] != "http":
             await _refuse_non_http(scope, receive, send)
             return
+        slot = RunSlots.key(scope)  # per run token, before the body is read (guard.RunSlots)
+        if slot is not None and not self._slots.acquire(slot):
+            await _respond_fixed(send, RUN_BUSY)
+            return
         try:
             await self._serve(scope, receive, send)
         except asyncio.CancelledError:
@@ -388,6 +401,9 @@ class ToolBridgeApp:
             log.error("tool bridge request failed", exc_info=True)
             with contextlib.suppress(Exception):
                 await _respond(send, 500, _BRIDGE_ERROR)
+        finally:
+            if slot is not None:
+                self._slots.release(slot)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         segments = _path_segments(scope)
@@ -403,7 +419,7 @@ class ToolBridgeApp:
         if entry is None or body is None:
             return
         try:
-            message = msgspec.json.decode(body)
+            message = decode_json(body)  # bounded in depth: too deep is a parse error (-32700), not a 500
         except msgspec.DecodeError:
             await _respond(send, 400, msgspec.json.encode(parse_error_reply()))
             return
@@ -492,12 +508,23 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve_asgi(app: Any, *, host: str = LOOPBACK, port: int = 0, lifespan: str = "off") -> AsgiServer:
-    """Serve ``app`` with uvicorn inside the running loop; returns once it accepts connections."""
+async def serve_asgi(
+    app: Any, *, host: str = LOOPBACK, port: int = 0, lifespan: str = "off", limits: ServerLimits | None = None
+) -> AsgiServer:
+    """Serve ``app`` with uvicorn inside the running loop; returns once it accepts connections.
+
+    ``limits`` (``guard.ServerLimits``, defaults unless given) bounds how long a client may take to
+    send a request, how long it may idle between requests, and how many connections it may hold.
+    """
+    limits = limits if limits is not None else ServerLimits()
     sock = _listen(host, port)
     bound_port = sock.getsockname()[1]
+    keep_alive: Any = limits.keep_alive_timeout_s  # uvicorn annotates int; loop.call_later takes float
     config = uvicorn.Config(
         app,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=keep_alive,
+        ws_max_size=limits.ws_max_message_bytes,
         lifespan=lifespan,  # type: ignore[arg-type]
         log_level="warning",
         access_log=False,
@@ -608,6 +635,7 @@ async def start_host_tool_bridge(
     provider: str | None = None,
     connect_host: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    limits: ServerLimits | None = None,
 ) -> HostToolBridge:
     """Start a bridge listener in this process (uvicorn, as a task of the running loop).
 
@@ -618,7 +646,8 @@ async def start_host_tool_bridge(
     if public_url is None and provider is not None and connect_host is None:
         connect_host = host_for_sandbox(provider)
     bind = host if host is not None else (bind_address_for(provider) if provider is not None else LOOPBACK)
-    app = ToolBridgeApp(max_body_bytes=max_body_bytes)
-    server = await serve_asgi(app, host=bind, port=port)
+    limits = limits if limits is not None else ServerLimits()
+    app = ToolBridgeApp(max_body_bytes=max_body_bytes, max_requests_per_run=limits.max_requests_per_run)
+    server = await serve_asgi(app, host=bind, port=port, limits=limits)
     app.base_url = (public_url or f"http://{_format_host(connect_host or bind)}:{server.port}").rstrip("/")
     return HostToolBridge(app, server)

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from .._json import JsonBoundsError, decode_json
 from ..abort import AbortSignal
 from ..errors import RemoteToolError, ToolArgumentsError, UnknownToolError
 from ..ids import check_run_id, check_thread_id
@@ -38,9 +39,11 @@ from .asgi import (
     _refuse_non_http,
     _RequestHeaders,
     _respond,
+    _respond_fixed,
     read_gated_body,
     refuse_bad_run_id,
 )
+from .guard import DEFAULT_MAX_REQUESTS_PER_RUN, RUN_BUSY, RunSlots
 from .tools import (
     EMPTY_OBJECT_SCHEMA,
     EmitCustomEvent,
@@ -143,7 +146,7 @@ class HttpRemoteToolExecutor:
         except httpx.HTTPError as exc:
             raise RemoteToolError(name, 0, f"{type(exc).__name__}: {exc}"[:_ERROR_DETAIL_CHARS]) from None
         try:
-            payload = msgspec.json.decode(response.content)
+            payload = decode_json(response.content)
         except msgspec.DecodeError:
             payload = None
         if not response.is_success:
@@ -239,13 +242,22 @@ def tool_exec_app(
     tools_for_run: Callable[[str], ToolExecRun | None] | Mapping[str, ToolExecRun],
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_requests_per_run: int = DEFAULT_MAX_REQUESTS_PER_RUN,
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """The host's ``POST /tool-exec/<run_id>`` endpoint as an ASGI app (mount it under any prefix)."""
+    """The host's ``POST /tool-exec/<run_id>`` endpoint as an ASGI app (mount it under any prefix).
+
+    At most ``max_requests_per_run`` requests of one run token in flight; one more is a 503.
+    """
     lookup = tools_for_run.get if isinstance(tools_for_run, Mapping) else tools_for_run
+    slots = RunSlots(max_requests_per_run)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await _refuse_non_http(scope, receive, send)
+            return
+        slot = RunSlots.key(scope)
+        if slot is not None and not slots.acquire(slot):
+            await _respond_fixed(send, RUN_BUSY)
             return
         try:
             await serve(scope, receive, send)
@@ -255,6 +267,9 @@ def tool_exec_app(
             log.error("tool-exec request failed", exc_info=True)
             with contextlib.suppress(Exception):
                 await _respond(send, 500, _BRIDGE_ERROR)
+        finally:
+            if slot is not None:
+                slots.release(slot)
 
     async def serve(scope: Scope, receive: Receive, send: Send) -> None:
         segments = _path_segments(scope)
@@ -284,7 +299,9 @@ def tool_exec_app(
 
     async def execute(run: ToolExecRun, run_id: str, body: bytes) -> tuple[int, bytes]:
         try:
-            request = msgspec.json.decode(body)
+            request = decode_json(body)
+        except JsonBoundsError as exc:
+            return _json(400, {"error": f"body is not JSON the bridge accepts: {exc}"})
         except msgspec.DecodeError:
             return _json(400, {"error": "body is not JSON"})
         name = request.get("name") if isinstance(request, dict) else None
