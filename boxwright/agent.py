@@ -70,10 +70,11 @@ log = logging.getLogger("boxwright.agent")
 STDERR_TAIL = 4096
 # Shows new files too: `git diff` alone is blind to files git does not track yet.
 DIFF_COMMAND = (
-    "git diff 2>/dev/null; "
+    "git diff 2>/dev/null && "  # outside a work tree git diff fails: no more git to start
     "git ls-files -z --others --exclude-standard 2>/dev/null | "
     "xargs -0 -r -n1 git diff --no-index -- /dev/null 2>/dev/null; true"
 )
+_SPLIT = "boxwright-diff"
 _DONE = object()
 
 
@@ -335,6 +336,23 @@ async def _drive(
     watcher: WorkspaceWatcher | None = None
     held: Event | None = None
     process: SpawnHandle | None = None
+
+    async def teardown() -> None:
+        if process is not None:
+            # Normally long gone; after an error or a cancel, the agent must not outlive the run.
+            with contextlib.suppress(Exception):
+                await _detached_kill(process)
+        await run.close()
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        await _remove_files(handle, list(plan.files), hctx.cwd)
+        if registration is not None:
+            registration.close()
+        if own_bridge is not None:
+            await own_bridge.close()
+
+    ended = False  # the agent's end was read: teardown may wait until the terminal event is out
     try:
         await _write_files(handle, plan.files, hctx.cwd)
         if sandbox.file_events:
@@ -383,40 +401,49 @@ async def _drive(
                 held = held or event
             elif not isinstance(event, RunStartedEvent):
                 yield event
-        if watcher is not None:
-            await watcher.stop()
+        # The watcher's last listing and the diff both read the finished tree: one command takes
+        # both, so the end of a run costs that one read, never a fixed wait.
+        diff = await _final_reads(handle, hctx.cwd, watcher, bool(getattr(harness, "emit_diff", True)))
         while not run.queue.empty():  # last file and bridge events
             for event in _events(run.queue.get_nowait()):
                 yield event
-        if getattr(harness, "emit_diff", True):
-            diff = await handle.process.exec(DIFF_COMMAND, ProcessOptions(cwd=hctx.cwd))
-            if diff.stdout.strip():
-                yield CustomEvent(
-                    name="file.changed",
-                    value={"path": ".", "diff": diff.stdout, "threadId": hctx.thread_id, "runId": hctx.run_id},
-                )
+        if diff.strip():
+            yield CustomEvent(
+                name="file.changed",
+                value={"path": ".", "diff": diff, "threadId": hctx.thread_id, "runId": hctx.run_id},
+            )
+        ended = True
     finally:
-        if process is not None:
-            # Normally long gone; after an error or a cancel, the agent must not outlive the run.
-            with contextlib.suppress(Exception):
-                await _detached_kill(process)
-        await run.close()
-        if watcher is not None:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
-        await _remove_files(handle, list(plan.files), hctx.cwd)
-        if registration is not None:
-            registration.close()
-        if own_bridge is not None:
-            await own_bridge.close()
-    if signal is not None and signal.aborted:
-        return  # run_agent reports the cancel
-    if held is not None:
-        frame.ended = True
-        yield held
-    else:
-        for event in frame.finish():
-            yield event
+        if not ended:
+            await teardown()
+    try:
+        if signal is not None and signal.aborted:
+            return  # run_agent reports the cancel
+        if held is not None:
+            frame.ended = True
+            yield held
+        else:
+            for event in frame.finish():
+                yield event
+    finally:
+        # After the terminal event: its consumer need not wait for the last kill, the watch
+        # task's end or the bridge's close, which change nothing it is told.
+        await teardown()
+
+
+async def _final_reads(handle: SandboxHandle, cwd: str, watcher: WorkspaceWatcher | None, diff: bool) -> str:
+    """The watcher's last listing (handed to it) and the working tree's diff (returned), in one exec."""
+    if watcher is None:
+        return (await handle.process.exec(DIFF_COMMAND, ProcessOptions(cwd=cwd))).stdout if diff else ""
+    if not diff:
+        await watcher.finish()
+        return ""
+    # A NUL cannot occur in a listed path: the marker cannot be mistaken for a line of the listing.
+    command = f"{{ {watcher.listing_command}; }}; printf '\\0{_SPLIT}\\0\\n'; {DIFF_COMMAND}"
+    output = (await handle.process.exec(command, ProcessOptions(cwd=cwd))).stdout
+    listing, found, rest = output.partition(f"\0{_SPLIT}\0\n")
+    await watcher.finish(listing if found else None)
+    return rest
 
 
 async def _detached_kill(process: SpawnHandle) -> None:

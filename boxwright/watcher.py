@@ -24,7 +24,6 @@ log = logging.getLogger("boxwright.watcher")
 
 DEFAULT_IGNORE = (".git", "node_modules")
 POLL_INTERVAL = 0.7
-NATIVE_SETTLE = 0.15
 
 
 class FileEvent(msgspec.Struct, frozen=True):
@@ -97,6 +96,8 @@ class WorkspaceWatcher:
         self._stopping = asyncio.Event()
         self._state: dict[str, str] | None = None
         self._reported: set[str] = set()
+        self._finished = False
+        self._final = False  # the last listing is reporting
 
     @property
     def mode(self) -> Literal["native", "poll"]:
@@ -112,6 +113,8 @@ class WorkspaceWatcher:
         return parse_listing(result.stdout)
 
     def _emit(self, event: FileEvent) -> None:
+        if self._finished and not self._final:
+            return  # a live event after the last listing: that listing has reported it
         self._reported.add(event.path)
         self._on_event(event)
 
@@ -138,17 +141,27 @@ class WorkspaceWatcher:
             self._native = None
             await self._poll_loop()
 
-    async def poll(self, *, final: bool = False) -> None:
-        """One comparison now; the final one reports only what live events did not."""
+    @property
+    def listing_command(self) -> str:
+        """The shell command (run at the root) whose output ``finish`` takes as the last listing."""
+        return self._command
+
+    async def poll(self, *, final: bool = False, listing: str | None = None) -> None:
+        """One comparison now (with ``listing``, that output of ``listing_command``); the final one
+        reports only what live events did not."""
         try:
-            current = await self._list()
+            current = parse_listing(listing) if listing is not None else await self._list()
         except Exception as exc:  # the sandbox may be going away; a missed poll is not fatal
             log.debug("workspace poll failed: %r", exc)
             return
         if self._state is not None:
-            for event in diff_listings(self._state, current, now_ms()):
-                if not (final and event.path in self._reported):
-                    self._emit(event)
+            self._final = final
+            try:
+                for event in diff_listings(self._state, current, now_ms()):
+                    if not (final and event.path in self._reported):
+                        self._emit(event)
+            finally:
+                self._final = False
         self._state = current
 
     async def _poll_loop(self) -> None:
@@ -158,16 +171,34 @@ class WorkspaceWatcher:
             if not self._stopping.is_set():
                 await self.poll()
 
-    async def stop(self) -> None:
-        """Stop watching after one last comparison; idempotent."""
-        if self._stopping.is_set():
+    async def finish(self, listing: str | None = None) -> None:
+        """Stop reporting live events and make the last comparison now; ``stop`` then ends the task.
+
+        ``listing``: the output of ``listing_command`` taken after the agent's end (the run takes
+        it in one exec with the diff); without it the watcher lists itself.
+
+        No settling sleep: what the native events have not delivered yet, the last listing finds
+        (it is compared with the state before the watch), so the end of a run costs one listing,
+        not a fixed wait. Live events arriving after this are dropped, never reported twice.
+        """
+        if self._finished:
             return
-        if self._native is not None:
-            await asyncio.sleep(NATIVE_SETTLE)  # let the last writes' events through the debounce
+        self._finished = True
         self._stopping.set()
-        if self._task is not None:
+        if self._native is None and self._task is not None:
+            # A poll in flight must land before the last one (it moves the state compared against);
+            # the poll loop wakes on the stop at once, so this costs at most that one listing.
             await self._task
-        await self.poll(final=self._native is not None)
+        await self.poll(final=self._native is not None, listing=listing)
+
+    async def stop(self) -> None:
+        """Stop watching after one last comparison (``finish``) and end the watch task; idempotent."""
+        await self.finish()
+        if self._task is not None:
+            # A native watch notices the stop within its step (about 20 ms): not on the run's path
+            # when ``finish`` was awaited first.
+            task, self._task = self._task, None
+            await task
 
 
 async def watch_workspace(

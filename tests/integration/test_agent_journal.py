@@ -126,6 +126,7 @@ def test_cancel_of_a_journaled_run_kills_the_agent_and_destroys_the_sandbox(kind
             harness,
             "go",
             thread_id="t",
+            run_id=f"cancel-{uuid.uuid4().hex}",  # a journaled run needs the caller's run id
             store=MemoryInstanceStore(),
             journal=JournalOptions(),
             durability=Detach(),

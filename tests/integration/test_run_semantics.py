@@ -27,6 +27,7 @@ from boxwright.providers import local_process_sandbox
 from boxwright.stores.memory import MemoryInstanceStore, memory_run_backend
 from boxwright.stores.sqlite import SqliteLockStore, open_database, sqlite_run_backend
 from boxwright.tool_bridge.asgi import serve_asgi
+from boxwright.watcher import FileEvent, WorkspaceWatcher
 
 
 def _tag() -> str:
@@ -221,3 +222,47 @@ def test_events_are_stamped_when_emitted_so_the_run_ends_last_in_time(tmp_path: 
     assert all(isinstance(s, int) for s in stamps), list(zip(kinds, stamps, strict=True))
     assert stamps == sorted(stamps), list(zip(kinds, stamps, strict=True))
     assert stamps[-1] >= max(s for s in stamps if s is not None) > 1
+
+
+def test_the_end_of_a_run_costs_its_reads_not_a_fixed_wait(tmp_path: Path) -> None:
+    # From the agent's last output to RUN_FINISHED: the exit, one listing-and-diff exec. A settling
+    # sleep (the watcher's was 150 ms) shows in every run, so even the quickest of five would miss.
+    async def tail(n: int) -> float:
+        sandbox = define_sandbox(
+            "tail", local_process_sandbox(base_dir=tmp_path / "sb"), lifecycle=Lifecycle(destroy_on_complete=True)
+        )
+        said = finished = 0.0
+        stream: Any = run_agent(sandbox, command_harness("echo hi"), "go", thread_id=f"tail-{n}-{_tag()}")
+        async with contextlib.aclosing(stream) as events:
+            async for event in events:
+                if event.type == "TEXT_MESSAGE_CONTENT":
+                    said = time.perf_counter()
+                elif event.type == "RUN_FINISHED":
+                    finished = time.perf_counter()
+        assert said and finished
+        return finished - said
+
+    async def main() -> list[float]:
+        return [await tail(n) for n in range(5)]
+
+    tails = asyncio.run(main())
+    assert min(tails) < 0.12, [round(t * 1e3, 1) for t in tails]
+
+
+def test_a_native_event_arriving_after_the_last_listing_is_not_reported_twice(tmp_path: Path) -> None:
+    async def main() -> list[FileEvent]:
+        handle = await local_process_sandbox(base_dir=tmp_path).create()
+        try:
+            seen: list[FileEvent] = []
+            watcher = await WorkspaceWatcher(handle, seen.append).start()
+            assert watcher.mode == "native"
+            await handle.process.exec("echo late > late.txt")
+            await watcher.finish()  # at once: inotify's batch for late.txt is still being debounced
+            await asyncio.sleep(0.4)  # ... and arrives now, after the listing reported the file
+            await watcher.stop()
+            return seen
+        finally:
+            await handle.destroy()
+
+    seen = asyncio.run(main())
+    assert [(e.type, e.path) for e in seen] == [("create", "late.txt")]
