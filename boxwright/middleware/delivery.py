@@ -85,16 +85,21 @@ def request_offset(request: Request) -> str:
     return request.query_params.get("offset", START_OFFSET)
 
 
+def refuse_bad_run_id(run_id: str) -> None:
+    """``DeliveryRefusal`` 400 / close 4400 ``invalid_run_id`` naming the problem (``boxwright.ids``)."""
+    try:
+        check_run_id(run_id)
+    except InvalidRunIdError as exc:
+        raise DeliveryRefusal(400, 4400, str(exc), exc.code) from None
+
+
 async def check_tail_request(log: EventLog, runs: RunStore, run_id: str, offset: str) -> RunRecord:
     """The run's record if ``run_id`` names a run and ``offset`` is one its log can resume from.
 
     Raises ``DeliveryRefusal``. A concrete offset past the log's tail is refused here rather
     than on the first read, so a stream never starts only to fail.
     """
-    try:
-        check_run_id(run_id)
-    except InvalidRunIdError as exc:
-        raise DeliveryRefusal(400, 4400, str(exc), "invalid_run_id") from None
+    refuse_bad_run_id(run_id)
     try:
         record = await runs.get(run_id)
     except Exception as exc:
@@ -361,6 +366,8 @@ async def websocket_tail(
     controller = AbortController()
     watcher: asyncio.Task[None] | None = None
     try:
+        # Before the offset: a client that sends none must not wait out its timeout to hear the id is bad.
+        refuse_bad_run_id(run_id)
         offset = await _ws_offset(websocket, offset_timeout_s)
         if offset is None:
             return
