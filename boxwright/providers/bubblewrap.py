@@ -1,10 +1,20 @@
 """Bubblewrap: real isolation on Linux without Docker, through ``bwrap``.
 
 Each command runs in its own ``bwrap`` with its own pid namespace, over a root
-built from read-only binds of the host's ``/usr`` and ``/etc``. The only
+built from read-only binds of the host's ``/usr`` and a minimal ``/etc`` (no
+shadow, sudoers or ssh keys; ``passwd``/``group`` generated). The only
 writable places are the workspace (bound at ``/workspace``) and a per-sandbox
 ``/tmp`` that outlives single commands (journals live there). The env is built
 from nothing: no host variable, so no host secret, reaches the sandbox.
+
+Run as root (CI, containers), ``bwrap`` alone would keep every capability: a
+command could remount ``/usr`` read-write. So a command runs with no
+capabilities, as uid 1000 of a user namespace of its own (the caller's uid maps
+to it, so the workspace the caller owns stays writable), under a seccomp filter
+(``_seccomp``) refusing mounts, namespaces, ptrace, keyrings, bpf and modules.
+What the kernel here allows is measured by the probe and reported as
+``Posture`` (``provider.posture``, ``boxwright doctor``); a missing layer is
+named there, never silently skipped.
 
 A sandbox is a state directory ``<base_dir>/<uuid>`` holding ``tmp/``, the
 workspace (``workspace/``, unless ``dir`` names one) and ``sandbox.json``; its
@@ -19,6 +29,7 @@ import functools
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -36,6 +47,7 @@ from ..errors import (
 )
 from ..git_exec import ExecGit
 from ..sandbox import Capabilities, CreateInput, DestroyInput, ResumeInput, SnapshotRef
+from . import _seccomp
 from ._hostfs import HostFs, PathMap
 from ._posix import HandleEnv, HostProcesses, LocalPorts, Logger, StdlibLogger, remove_tree_with_retry
 
@@ -47,12 +59,76 @@ BASE_ENV = {
     "LANG": "C.UTF-8",
 }
 _ROOT_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+SANDBOX_UID = 1000
+SANDBOX_USER = "boxwright"
+# The host /etc a userland needs (name service, TLS roots, loader, time zone,
+# interpreters' config), copied once per sandbox into <state>/etc, which is bound
+# at /etc with one mount (a bind per entry cost ~12 ms on every command). Named
+# one at a time: a directory taken whole could hold a secret (``/etc/ssl/private``),
+# and under the user namespace a file only host root may read belongs to the
+# sandbox user. npmrc and pip.conf can hold registry tokens: not copied.
+_ETC = (
+    "hosts",
+    "host.conf",
+    "resolv.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "networks",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki/tls/certs",
+    "pki/ca-trust",
+    "crypto-policies",
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "os-release",
+    "debian_version",
+    "mime.types",
+    "shells",
+    "profile",
+    "bash.bashrc",
+    "inputrc",
+    "terminfo",
+    "magic",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "python3.13",
+    "perl",
+)
+# Bound live over their copies: the host may change them while a sandbox lives.
+_ETC_LIVE = ("hosts", "resolv.conf")
 
 
 class _Meta(msgspec.Struct):
     workspace: str
     owned_workspace: bool
     network: Literal["allow", "deny"]
+
+
+class Posture(msgspec.Struct, frozen=True):
+    """How a sandboxed command is held, measured inside a real ``bwrap`` by the probe.
+
+    ``weaker`` names, one sentence each, every layer this machine does not give
+    and what that leaves open; empty means the full posture holds.
+    """
+
+    uid: int  # the uid commands run as inside
+    user_namespace: bool  # the caller's uid is mapped to ``uid``; host root is not root inside
+    capabilities_dropped: bool  # CapEff inside was 0
+    seccomp: bool  # the syscall filter was loaded (Seccomp: 2 inside)
+    weaker: tuple[str, ...] = ()
+
+
+_NO_POSTURE = Posture(uid=-1, user_namespace=False, capabilities_dropped=False, seccomp=False)
 
 
 class Probe(msgspec.Struct, frozen=True):
@@ -62,9 +138,18 @@ class Probe(msgspec.Struct, frozen=True):
     reason: str
     network_deny: bool
     killable: bool
+    posture: Posture = _NO_POSTURE
+    # The bwrap flags (user namespace, capabilities) that were measured to work.
+    hardening: tuple[str, ...] = ()
 
 
-def _root_args() -> list[str]:
+def _etc_live(name: str) -> list[str]:
+    real = os.path.realpath(f"/etc/{name}")
+    return ["--ro-bind", real, f"/etc/{name}"] if os.path.isfile(real) else []
+
+
+def _root_args(etc: str | None = None) -> list[str]:
+    """The read-only root; ``etc`` is the sandbox's /etc (none: the probe's bare runs)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in _ROOT_DIRS:
         path = f"/{name}"
@@ -72,7 +157,90 @@ def _root_args() -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    return [*args, "--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev"]
+    if etc is not None:
+        args += ["--ro-bind", etc, "/etc"]
+        for name in _ETC_LIVE:
+            if os.path.exists(os.path.join(etc, name)):  # the mount point, in a read-only /etc
+                args += _etc_live(name)
+    return [*args, "--proc", "/proc", "--dev", "/dev"]
+
+
+def _world_unreadable(directory: str, names: list[str]) -> set[str]:
+    """copytree's ignore: what the host keeps from other users stays out of the copy."""
+    skip = set()
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+        except OSError:
+            skip.add(name)
+            continue
+        if not stat.S_ISLNK(mode) and not mode & stat.S_IROTH:
+            skip.add(name)
+    return skip
+
+
+def _copy_etc_entry(name: str, target: str) -> None:
+    src, dst = f"/etc/{name}", os.path.join(target, name)
+    if not os.path.lexists(src):
+        return
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    real = os.path.realpath(src)
+    if os.path.islink(src) and real.startswith("/usr/"):
+        # Resolves inside as outside (localtime -> zoneinfo): keep the link, so its name reads right.
+        os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(real):
+        try:
+            shutil.copytree(real, dst, symlinks=True, ignore=_world_unreadable)
+        except shutil.Error:
+            pass  # a file vanished or could not be read mid-copy: the rest is copied
+    elif os.path.isfile(real) and not _world_unreadable(os.path.dirname(real), [os.path.basename(real)]):
+        shutil.copyfile(real, dst)
+        os.chmod(dst, 0o644)
+
+
+def _generated_etc(uid: int) -> dict[str, str]:
+    """passwd, group and gitconfig for a sandbox whose commands run as ``uid``."""
+    user = "root" if uid == 0 else SANDBOX_USER
+    passwd = [f"{user}:x:{uid}:{uid}:boxwright sandbox:{BASE_ENV['HOME']}:/bin/sh"]
+    group = [f"{user}:x:{uid}:"]
+    if uid != 0:
+        passwd.insert(0, "root:x:0:0:root:/root:/usr/sbin/nologin")
+        group.insert(0, "root:x:0:")
+    passwd.append("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin")
+    group.append("nogroup:x:65534:")
+    try:
+        with open("/etc/gitconfig") as f:
+            host_git = f.read()
+    except OSError:
+        host_git = ""
+    # A file another host uid owns shows up inside as nobody's; git would then call the
+    # repository dubious and refuse it. Inside the sandbox every repository is the sandbox's.
+    gitconfig = f"{host_git.rstrip()}\n[safe]\n\tdirectory = *\n".lstrip()
+    return {"passwd": "\n".join(passwd) + "\n", "group": "\n".join(group) + "\n", "gitconfig": gitconfig}
+
+
+def _ensure_state_files(state: str, found: Probe) -> None:
+    """The /etc and the seccomp program of a sandbox (idempotent: a resumed or forked state may lack them)."""
+    etc = os.path.join(state, "etc")
+    if not os.path.isdir(etc):
+        staging = f"{etc}.{uuid.uuid4().hex}"
+        os.makedirs(staging)
+        for name in _ETC:
+            _copy_etc_entry(name, staging)
+        for name, text in _generated_etc(found.posture.uid).items():
+            with open(os.path.join(staging, name), "w") as f:
+                f.write(text)
+        try:
+            os.rename(staging, etc)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)  # another process made it first
+    program = _seccomp.build().program
+    bpf = os.path.join(state, "seccomp.bpf")
+    if found.posture.seccomp and program is not None and not os.path.exists(bpf):
+        staging = f"{bpf}.{uuid.uuid4().hex}"
+        with open(staging, "wb") as f:
+            f.write(program)
+        os.replace(staging, bpf)
 
 
 @functools.cache
@@ -90,7 +258,92 @@ def probe(bwrap: str = "bwrap") -> Probe:
         why = run.stderr.decode(errors="replace").strip()
         return Probe(False, f"bwrap cannot create namespaces here: {why}", False, False)
     net = subprocess.run([exe, "--unshare-net", *base[1:], "true"], capture_output=True, timeout=20).returncode == 0
-    return Probe(True, "", net, _kill_reaches_children(base))
+    hardening, posture = _measure_posture(exe)
+    hardened = [exe, "--unshare-pid", *hardening, *_root_args(), "--"]
+    return Probe(True, "", net, _kill_reaches_children(hardened), posture, hardening)
+
+
+_USERNS = ("--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID))
+# No --new-session: the spawner already starts bwrap in a session of its own, with
+# no controlling terminal, so TIOCSTI has no terminal to push into; and a sandbox in
+# a session of its own leaves the process group a kill signals, so a kill right after
+# spawn, before --die-with-parent is armed, left the command running (19 in 40, measured).
+_ALWAYS = ("--die-with-parent", "--cap-drop", "ALL")
+# Strongest first; the first that runs is the posture. --disable-userns (bwrap 0.8)
+# also stops a nested user namespace, which the seccomp filter refuses anyway.
+_LADDER = ((*_USERNS, "--disable-userns", *_ALWAYS), (*_USERNS, *_ALWAYS), _ALWAYS, ())
+SECCOMP_FD = 9
+
+
+def _inside_status(exe: str, hardening: Sequence[str], program: bytes | None) -> dict[str, str] | str:
+    """/proc/self/status of a command under ``hardening`` (and the filter), or bwrap's complaint."""
+    with tempfile.TemporaryFile() as bpf:
+        extra: list[str] = []
+        fds: tuple[int, ...] = ()
+        if program is not None:
+            bpf.write(program)
+            bpf.seek(0)
+            extra, fds = ["--seccomp", str(bpf.fileno())], (bpf.fileno(),)
+        argv = [exe, "--unshare-pid", *hardening, *_root_args(), *extra, "--", "cat", "/proc/self/status"]
+        try:
+            run = subprocess.run(argv, capture_output=True, timeout=20, pass_fds=fds)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+    if run.returncode != 0:
+        return run.stderr.decode(errors="replace").strip() or f"exit {run.returncode}"
+    fields = (line.split(":", 1) for line in run.stdout.decode(errors="replace").splitlines() if ":" in line)
+    return {key: value.strip() for key, value in fields}
+
+
+def _measure_posture(exe: str) -> tuple[tuple[str, ...], Posture]:
+    weaker: list[str] = []
+    status: dict[str, str] | str = "not tried"
+    hardening: tuple[str, ...] = ()
+    refusals: list[str] = []
+    for hardening in _LADDER:
+        status = _inside_status(exe, hardening, None)
+        if isinstance(status, dict):
+            break
+        refusals.append(status)
+    if not isinstance(status, dict):
+        return (), Posture(-1, False, False, False, (f"bwrap ran no command to measure: {status}",))
+    userns = "--unshare-user" in hardening
+    uid = int(status.get("Uid", "-1").split()[0])
+    caps = int(status.get("CapEff", "1"), 16) == 0
+    if not userns:
+        weaker.append(
+            f"no user namespace (bwrap --unshare-user: {refusals[0] if refusals else '?'}): commands run as host uid "
+            f"{uid}" + (", root without capabilities" if uid == 0 else "")
+        )
+    if not caps:
+        weaker.append(f"capabilities are not dropped: commands keep CapEff {status.get('CapEff')}")
+    found = _seccomp.build()
+    seccomp = False
+    if found.program is None:
+        weaker.append(f"no seccomp filter: {found.reason}")
+    else:
+        filtered = _inside_status(exe, hardening, found.program)
+        seccomp = isinstance(filtered, dict) and filtered.get("Seccomp") == "2"
+        if not seccomp:
+            weaker.append(f"bwrap did not load the seccomp filter: {filtered if isinstance(filtered, str) else '?'}")
+    weaker.append(_sibling_memory(seccomp))
+    return hardening, Posture(uid, userns, caps, seccomp, tuple(w for w in weaker if w))
+
+
+def _sibling_memory(seccomp: bool) -> str:
+    """Yama is the one guard between two processes of one command: same uid, same namespaces."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        scope = "absent"
+    if scope not in ("absent", "0"):
+        return ""
+    refused = "ptrace itself is refused by the filter, but " if seccomp else ""
+    return (
+        f"Yama ptrace_scope is {scope}: {refused}processes of one command can read and write each other's "
+        "memory through /proc/PID/mem (other commands, other sandboxes and the host are out of sight)"
+    )
 
 
 def _kill_reaches_children(base: list[str]) -> bool:
@@ -176,10 +429,13 @@ class BubblewrapHandle:
         capabilities: Capabilities,
         logger: Logger | None,
         env: Mapping[str, str] | None = None,
+        found: Probe | None = None,
     ) -> None:
         self.id = state
         self.workspace_root = meta.workspace
         self.capabilities = capabilities
+        self._found = found if found is not None else probe(bwrap)
+        self.posture = self._found.posture
         self._state = state
         self._meta = meta
         self._base_dir = base_dir
@@ -225,16 +481,24 @@ class BubblewrapHandle:
             inside = f"/workspace/{inside}"
         if not os.path.isdir(self._paths.host(inside)):
             raise SandboxPathError(inside, "/workspace", "is not a directory inside the sandbox, under")
-        argv = [self._bwrap, "--unshare-pid"]
+        _ensure_state_files(self._state, self._found)
+        argv = [self._bwrap, "--unshare-pid", *self._found.hardening]
         if self._meta.network == "deny":
             argv.append("--unshare-net")
-        argv += _root_args()
+        argv += _root_args(os.path.join(self._state, "etc"))
         argv += ["--bind", self.workspace_root, "/workspace", "--bind", self._tmp, "/tmp"]
         # After /tmp, so a host path under /tmp can still be shown to the sandbox.
         for path in (*self._ro_binds, *self._extra_ro_binds):
             argv += ["--ro-bind", path, path]
         argv += ["--chdir", inside]
+        if self._found.posture.seccomp:
+            argv += ["--seccomp", str(SECCOMP_FD)]
         argv += ["--", "sh", "-c", command]
+        if self._found.posture.seccomp:
+            # bwrap reads the filter from a descriptor, opened afresh per command (bwrap reads it to
+            # its end): a shell opens it and execs bwrap, so the spawner needs no descriptor passing.
+            bpf = os.path.join(self._state, "seccomp.bpf")
+            argv = ["/bin/sh", "-c", f'exec "$@" {SECCOMP_FD}<"$0"', bpf, *argv]
         # The env goes to bwrap itself, which passes it on: never on argv, where `ps` shows it.
         return argv, self._state, {**BASE_ENV, **self.env.get(), **(env or {})}
 
@@ -257,6 +521,7 @@ class BubblewrapHandle:
             capabilities=self.capabilities,
             logger=self._logger,
             env=self.env.get(),
+            found=self._found,
         )
 
     async def destroy(self) -> None:
@@ -269,8 +534,10 @@ def _teardown(state: str, meta: _Meta, logger: Logger | None) -> None:
     if not meta.owned_workspace and os.path.isdir(state):
         # The user's workspace stays; only our state goes.
         remove_tree_with_retry(os.path.join(state, "tmp"), logger)
-        with _suppress_missing():
-            os.unlink(os.path.join(state, "sandbox.json"))
+        remove_tree_with_retry(os.path.join(state, "etc"), logger)
+        for name in ("sandbox.json", "seccomp.bpf"):
+            with _suppress_missing():
+                os.unlink(os.path.join(state, name))
         with _suppress_missing():
             os.rmdir(state)
         return
@@ -316,6 +583,11 @@ class BubblewrapProvider:
     def probe(self) -> Probe:
         return probe(self._bwrap)
 
+    @property
+    def posture(self) -> Posture:
+        """How commands are held here (uid inside, capabilities, user namespace, seccomp), and what is weaker."""
+        return self.probe.posture
+
     def capabilities(self) -> Capabilities:
         return _capabilities(self.probe)
 
@@ -333,6 +605,7 @@ class BubblewrapProvider:
             capabilities=self.capabilities(),
             logger=self._logger,
             env=env,
+            found=self.probe,
         )
 
     async def create(self, input: CreateInput | None = None) -> BubblewrapHandle:
