@@ -36,7 +36,16 @@ from .events import (
     encode_event,
     now_ms,
 )
-from .harnesses.base import BridgeConfig, Harness, HarnessContext, HarnessPlan, LineSplitter, Message, RunFrame
+from .harnesses.base import (
+    BridgeConfig,
+    Harness,
+    HarnessContext,
+    HarnessPlan,
+    LineSplitter,
+    Message,
+    RunFrame,
+    executable_argv,
+)
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
 from .host_paths import expose_host_command, host_path_env
 from .journal import (
@@ -300,8 +309,17 @@ async def _drive(
     journal: JournalOptions | None = None,
     scrub: _Scrubber | None = None,
 ) -> AsyncIterator[Event]:
+    executable = getattr(harness, "executable", None)
+    agent_cli: list[str] | None = None
+    if isinstance(executable, str) and executable.split():
+        # Found on the host and shown read-only to a sandbox that can be shown host paths (bubblewrap):
+        # an agent CLI installed in /opt or ~/.local runs there as it does on the host, by absolute path.
+        hctx.executable = expose_host_command(handle, executable.split()[0], host_path_env(hctx.host_env))
+        agent_cli = executable_argv(executable, hctx)
     if sandbox.workspace is not None and harness.name in TARGETS:
-        await project_workspace(handle, projection_for(sandbox.workspace, sandbox.workspace_hash()), harness.name)
+        projection = projection_for(sandbox.workspace, sandbox.workspace_hash())
+        # The CLI's own plugin installer is the very executable the run starts, found the same way.
+        await project_workspace(handle, projection, harness.name, executable=agent_cli or ("claude",))
     run = _Run(hctx.thread_id, hctx.run_id)
     own_bridge: HostToolBridge | None = None
     registration: BridgeRegistration | None = None
@@ -324,11 +342,6 @@ async def _drive(
         if scrub is not None:
             scrub.add([registration.token])
         hctx.bridge = BridgeConfig(url=registration.url, token=registration.token)
-    executable = getattr(harness, "executable", None)
-    if isinstance(executable, str) and executable.split():
-        # Found on the host and shown read-only to a sandbox that can be shown host paths (bubblewrap):
-        # an agent CLI installed in /opt or ~/.local runs there as it does on the host, by absolute path.
-        hctx.executable = expose_host_command(handle, executable.split()[0], host_path_env(hctx.host_env))
     plan: HarnessPlan = harness.plan(hctx)
     register_secret_values(plan.secrets)
     if scrub is not None:

@@ -209,8 +209,13 @@ async def project_workspace(
     harness: Harness | str,
     *,
     logger: logging.Logger | None = None,
+    executable: Sequence[str] = ("claude",),
 ) -> None:
-    """Project ``projection`` into ``harness``'s files inside ``handle`` (R20-R23)."""
+    """Project ``projection`` into ``harness``'s files inside ``handle`` (R20-R23).
+
+    ``executable`` is the harness's CLI as the sandbox runs it (an absolute path when the host's
+    install was bound in): its plugin installer is that same program.
+    """
     logger = logger or log
     target = TARGETS.get(harness)
     if target is None:
@@ -224,7 +229,7 @@ async def project_workspace(
         )
         return
     root = projection.root.rstrip("/") or "/"
-    run = _Run(handle, projection, harness, target, root, logger)
+    run = _Run(handle, projection, harness, target, root, logger, executable)
     await run.write_mcp_config()
     if await handle.fs.exists(projection.marker_path):
         return
@@ -255,8 +260,10 @@ class _Run:
         target: _Target,
         root: str,
         logger: logging.Logger,
+        executable: Sequence[str] = ("claude",),
     ) -> None:
         self.handle = handle
+        self.executable = tuple(executable)
         self.projection = projection
         self.harness = harness
         self.target = target
@@ -399,7 +406,8 @@ class _Run:
             return
         opts = ProcessOptions(cwd=self.root, signal=AbortSignal.timeout(PLUGIN_INSTALL_TIMEOUT_S))
         try:
-            result = await self.handle.process.exec(f"claude plugin install {quote(plugin)}", opts)
+            command = " ".join(quote(part) for part in (*self.executable, "plugin", "install", plugin))
+            result = await self.handle.process.exec(command, opts)
         except Exception as exc:  # best effort, as a failed install is: a plugin never fails the run
             self.warn(f"plugin:{plugin}", f"{self.harness}: plugin {plugin!r} not installed: {exc}")
             return

@@ -168,3 +168,30 @@ def test_an_executable_that_cannot_run_names_its_host_path_and_how_to_bind(tmp_p
     nowhere = asyncio.run(run("/usr/bin:/bin"))
     assert nowhere.code == "executable_not_found"
     assert "not on the host's PATH either" in nowhere.message and "npm install" in nowhere.message, nowhere.message
+
+
+def test_a_workspace_plugin_is_installed_by_the_same_cli_the_run_starts(tmp_path: Path) -> None:
+    if not probe().available:
+        missing(f"bubblewrap: {probe().reason}")
+    fake = tmp_path / "tools" / "bin" / "claude"
+    fake.parent.mkdir(parents=True)
+    # Installed outside /usr: `claude plugin install` by bare name could not find it in the sandbox.
+    fake.write_text('#!/bin/sh\nif [ "$1" = plugin ]; then echo "$@" >> /tmp/plugin-calls; fi\n')
+    fake.chmod(0o755)
+    workspace = define_workspace(plugins=["greeter@market"])
+    sandbox = define_sandbox("plugins", bubblewrap_sandbox(base_dir=tmp_path / "sandboxes"), workspace)
+    store = MemoryInstanceStore()
+
+    async def main() -> str:
+        stream = run_agent(
+            sandbox, claude_code(), "hi", thread_id="t", run_id="r", store=store, host_env={"PATH": str(fake.parent)}
+        )
+        _ = [e async for e in stream]
+        again = await sandbox.ensure_existing(EnsureContext(thread_id="t", run_id="r-check", store=store))
+        assert again is not None
+        try:
+            return await again.handle.fs.read("/tmp/plugin-calls")
+        finally:
+            await again.handle.destroy()
+
+    assert asyncio.run(main()) == "plugin install greeter@market\n"
