@@ -98,8 +98,10 @@ class PathMap:
 
         A relative target is folded against the directories before the link (which the walk
         really opened, so this is what the kernel would do). An absolute one may name a mount
-        by its host directory (a link made on the host, or by local-process) or by its sandbox
-        path (a link made inside bubblewrap); anything else leaves the sandbox.
+        by its host directory (a link made on the host, or by local-process) or be under
+        ``/workspace`` (a link made inside bubblewrap); anything else leaves the sandbox. Other
+        sandbox mounts (bubblewrap's /tmp) are not reached by absolute links: ``/tmp/...`` is as
+        likely a host path written on the host as the sandbox's own, and refusing is the safe reading.
         """
         rest = at.parts[index + 1 :]
         if not target:
@@ -107,7 +109,8 @@ class PathMap:
         if not target.startswith("/"):
             return Located(at.path, at.root, _fold(at, at.root, (*at.parts[:index], *target.split("/"), *rest)))
         absolute = posixpath.normpath(target)
-        for base, root in [(root, root) for _, root in self._mounts] + self._mounts:
+        bases = [(root, root) for _, root in self._mounts] + [m for m in self._mounts if m[0] == WORKSPACE]
+        for base, root in bases:
             if _within(absolute, base):
                 under = absolute[len(base.rstrip("/")) :].split("/")
                 return Located(at.path, root, _fold(at, root, (*under, *rest)))

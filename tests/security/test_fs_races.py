@@ -29,8 +29,8 @@ SECRET = b"HOST-SECRET-" + b"x" * 20  # a length no inside file has, so lstat wo
 INSIDE = b"inside"
 
 # Flips f and d between "inside" and "outside" targets with atomic renames until /workspace/stop exists.
-# Outside is the host path both absolute (which inside bubblewrap names the sandbox's own /tmp, not the
-# host's) and relative to the workspace (../../...: the host's file whatever the sandbox sees).
+# Outside is the host path both absolute and relative to the workspace (../../..., which reaches the
+# host's file even from bubblewrap, where the absolute path is not visible inside).
 SWAPPER = r"""
 import os, sys, time
 abs_file, abs_dir, rel_file, rel_dir = sys.argv[1:5]
