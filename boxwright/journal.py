@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from ._json import MAX_AGENT_LINE_BYTES, decode_json
+from ._json import MAX_AGENT_LINE_BYTES, decode_json
 from .abort import AbortSignal
 from .errors import (
     AbortError,

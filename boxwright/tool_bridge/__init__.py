@@ -2,7 +2,8 @@
 
 ``tools`` declares tools, ``core`` answers MCP's tool methods without a transport, ``asgi`` is the
 host's HTTP listener (one listener, many runs, one token each), ``remote`` is the co-located seam
-where only ``{name, args}`` crosses from the container back to the host.
+where only ``{name, args}`` crosses from the container back to the host, ``guard`` bounds how long
+and how many connections a client of any listener boxwright starts may hold (``ServerLimits``).
 """
 
 from .asgi import (
@@ -28,6 +29,7 @@ from .core import (
     create_tool_bridge_core,
     handle_json_rpc,
 )
+from .guard import ServerLimits
 from .remote import (
     HttpRemoteToolExecutor,
     RemoteToolExecutor,
@@ -55,6 +57,7 @@ __all__ = [
     "HostToolBridge",
     "HttpRemoteToolExecutor",
     "RemoteToolExecutor",
+    "ServerLimits",
     "Tool",
     "ToolBridgeApp",
     "ToolBridgeCore",

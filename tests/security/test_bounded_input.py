@@ -284,8 +284,8 @@ BAD_LINES_SCRIPT = (
     "printf '%s\\n' '7e5123a fix the parser' '1e999'; "
     "head -c 100000 /dev/zero | tr '\\0' '['; echo; "
     # An event-shaped line one level too deep is text too; one at the limit is an event.
-    "printf '%s\\n' '{\"type\":\"CUSTOM\",\"name\":\"deep\",\"value\":" + nested(MAX_JSON_DEPTH) + "}'; "
-    "printf '%s\\n' '{\"type\":\"CUSTOM\",\"name\":\"ok\",\"value\":" + nested(MAX_JSON_DEPTH - 2) + "}'; "
+    'printf \'%s\\n\' \'{"type":"CUSTOM","name":"deep","value":' + nested(MAX_JSON_DEPTH) + "}'; "
+    'printf \'%s\\n\' \'{"type":"CUSTOM","name":"ok","value":' + nested(MAX_JSON_DEPTH - 2) + "}'; "
     "echo done"
 )
 
@@ -305,8 +305,7 @@ def test_agent_lines_that_are_not_events_are_text_and_the_run_completes(tmp_path
             store=MemoryInstanceStore(),
             **options,
         )
-        async with contextlib.aclosing(stream) as events:
-            return [event async for event in events]
+        return [event async for event in stream]  # to the end: the generator closes itself
 
     events = asyncio.run(main())
     assert isinstance(events[-1], RunFinishedEvent), events[-1]
