@@ -33,7 +33,6 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from ._json import MAX_AGENT_LINE_BYTES, decode_json
-from ._json import MAX_AGENT_LINE_BYTES, decode_json
 from .abort import AbortSignal
 from .errors import (
     AbortError,

@@ -24,7 +24,6 @@ import msgspec
 
 from .. import shell
 from .._json import MAX_AGENT_LINE_BYTES, decode_json
-from .._json import MAX_AGENT_LINE_BYTES, decode_json
 from ..auth import AuthMode, harness_auth_env, resolve_auth_mode, scrub_env_for
 from ..events import (
     CustomEvent,

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .._json import MAX_AGENT_LINE_BYTES
-from .._json import MAX_AGENT_LINE_BYTES
 from ..errors import EventDecodeError
 from ..events import (
     Event,

@@ -28,7 +28,6 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from boxwright._json import JsonBoundsError, decode_json
-from boxwright._json import JsonBoundsError, decode_json
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.errors import InvalidOffsetError, InvalidRunIdError
 from boxwright.events import Event, encode_event
@@ -54,8 +53,6 @@ MAX_WAIT_MS: Final = 55_000
 MAX_POLL_EVENTS: Final = 1000
 WS_OFFSET_TIMEOUT_S: Final = 10.0
 WS_REASON_BYTES: Final = 120
-# The one message a client sends is an offset (a few dozen characters): anything longer is not one.
-WS_MAX_MESSAGE_CHARS: Final = 4096
 # The one message a client sends is an offset (a few dozen characters): anything longer is not one.
 WS_MAX_MESSAGE_CHARS: Final = 4096
 

@@ -30,7 +30,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from boxwright._json import BoundedDecoder, JsonBoundsError
-from boxwright._json import BoundedDecoder, JsonBoundsError
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
@@ -428,11 +427,6 @@ async def _bounded_body(request: Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-# Bounded in depth: msgspec skips an unknown field's value recursively, so 100k levels of ``[`` there
-# were a RecursionError (a 500) rather than a 400.
-_trigger_decoder = BoundedDecoder(StartRunRequest)
 
 
 # Bounded in depth: msgspec skips an unknown field's value recursively, so 100k levels of ``[`` there

@@ -50,12 +50,10 @@ import msgspec
 import uvicorn
 
 from .._json import decode_json
-from .._json import decode_json
 from ..abort import AbortController, AbortSignal
 from ..errors import InvalidRunIdError, ToolBridgeConfigError
 from ..ids import check_run_id, check_thread_id, id_problem
 from .core import INVALID_REQUEST, SERVER_NAME, ToolBridgeCore, handle_json_rpc, parse_error_reply
-from .guard import DEFAULT_MAX_REQUESTS_PER_RUN, RUN_BUSY, RunSlots, ServerLimits, guarded_protocol
 from .guard import DEFAULT_MAX_REQUESTS_PER_RUN, RUN_BUSY, RunSlots, ServerLimits, guarded_protocol
 from .tools import EmitCustomEvent, Tool
 
@@ -394,10 +392,6 @@ class ToolBridgeApp:
         if slot is not None and not self._slots.acquire(slot):
             await _respond_fixed(send, RUN_BUSY)
             return
-        slot = RunSlots.key(scope)  # per run token, before the body is read (guard.RunSlots)
-        if slot is not None and not self._slots.acquire(slot):
-            await _respond_fixed(send, RUN_BUSY)
-            return
         try:
             await self._serve(scope, receive, send)
         except asyncio.CancelledError:
@@ -407,9 +401,6 @@ class ToolBridgeApp:
             log.error("tool bridge request failed", exc_info=True)
             with contextlib.suppress(Exception):
                 await _respond(send, 500, _BRIDGE_ERROR)
-        finally:
-            if slot is not None:
-                self._slots.release(slot)
         finally:
             if slot is not None:
                 self._slots.release(slot)

@@ -26,7 +26,6 @@ import httpx
 import msgspec
 
 from .._json import JsonBoundsError, decode_json
-from .._json import JsonBoundsError, decode_json
 from ..abort import AbortSignal
 from ..errors import RemoteToolError, ToolArgumentsError, UnknownToolError
 from ..ids import check_run_id, check_thread_id
