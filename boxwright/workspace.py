@@ -455,23 +455,27 @@ async def _land_source(handle: SandboxHandle, ws: Workspace, root: str, signal: 
                 auth["username"] = source.auth.username
         # Depth only when set: the provider default is the shallow clone (R2).
         extra: dict[str, Any] = {} if source.depth is None else {"depth": source.depth}
-        _show_local_repository(handle, source.url)
+        hint = _show_local_repository(handle, source.url, "copy it in with local_source({path})")
         try:
             await handle.git.clone(source.url, root, ref=source.ref, auth=auth, **extra)
         except SandboxCommandError as exc:
-            raise WorkspaceSourceError(source.url, redact(str(exc)), ref=source.ref, dir=root) from None
+            raise WorkspaceSourceError(source.url, redact(str(exc)) + hint, ref=source.ref, dir=root) from None
     elif isinstance(source, LocalSource):
         if await handle.fs.exists(root) and await handle.fs.list(root):
             return  # the provider mounted or copied the directory at create
         await _copy_host_dir(handle, source.path, root, signal)
 
 
-def _show_local_repository(handle: SandboxHandle, url: str) -> None:
-    # A clone inside the sandbox reads a host repository (file:///srv/repo) through the sandbox's
-    # eyes: bubblewrap shows it read-only, on its own, for as long as the handle lives.
+def _show_local_repository(handle: SandboxHandle, url: str, remedy: str) -> str:
+    """Show a host repository to the clone; what a failed clone's error adds when it could not be shown.
+
+    A clone inside the sandbox reads a host repository (file:///srv/repo) through the sandbox's
+    eyes: bubblewrap shows it read-only, on its own, for as long as the handle lives.
+    """
     path = host_directory_of(url)
-    if path is not None:
-        expose_host_directory(handle, path)
+    if path is None or expose_host_directory(handle, path):
+        return ""
+    return f" (the host directory {path} may not be visible in this sandbox: {remedy.format(path=repr(path))})"
 
 
 async def _copy_host_dir(handle: SandboxHandle, src: str, root: str, signal: AbortSignal | None) -> None:
@@ -527,11 +531,11 @@ async def _clone_git_skill(handle: SandboxHandle, ws: Workspace, root: str, skil
     auth = None
     if skill.secret is not None and ws.secrets is not None:
         auth = {"token": resolve_secret(ws.secrets, skill.secret)}
-    _show_local_repository(handle, url)
+    hint = _show_local_repository(handle, url, "give the skill a URL the sandbox can reach")
     try:
         await handle.git.clone(url, target, auth=auth, depth=1)
     except SandboxCommandError as exc:
-        raise GitSkillError(skill.repo, url, target, redact(str(exc))) from None
+        raise GitSkillError(skill.repo, url, target, redact(str(exc)) + hint) from None
 
 
 def instructions_content(ws: Workspace) -> str | None:

@@ -23,7 +23,7 @@ from boxwright.agent import run_agent
 from boxwright.definition import EnsureContext, define_sandbox
 from boxwright.events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, TextMessageContentEvent, decode_ndjson
 from boxwright.harnesses.claude_code import claude_code
-from boxwright.providers import bubblewrap_sandbox
+from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
 from boxwright.providers.bubblewrap import probe
 from boxwright.stores.memory import MemoryInstanceStore
 from boxwright.workspace import define_workspace, git_skill, git_source
@@ -195,3 +195,20 @@ def test_a_workspace_plugin_is_installed_by_the_same_cli_the_run_starts(tmp_path
             await again.handle.destroy()
 
     assert asyncio.run(main()) == "plugin install greeter@market\n"
+
+
+def test_a_host_repository_a_sandbox_cannot_be_shown_is_named_with_what_to_do(tmp_path: Path) -> None:
+    plain = tmp_path / "not-a-repo"
+    plain.mkdir()
+    # local-process cannot be given binds (it needs none): a failed clone of a host path says what to try.
+    workspace = define_workspace(source=git_source(f"file://{plain}"))
+    sandbox = define_sandbox("hint", local_process_sandbox(base_dir=tmp_path / "sandboxes"), workspace)
+
+    async def main() -> RunErrorEvent:
+        events = [e async for e in run_agent(sandbox, claude_code(), "hi", thread_id="t")]
+        assert isinstance(events[-1], RunErrorEvent), events
+        return events[-1]
+
+    error = asyncio.run(main())
+    assert f"the host directory {plain} may not be visible" in error.message, error.message
+    assert f"local_source({str(plain)!r})" in error.message, error.message
