@@ -36,6 +36,7 @@ from .events import (
     encode_event,
     now_ms,
 )
+from .file_hooks import FileHookContext, FileHookDispatcher, RunFileHooks
 from .harnesses.base import (
     BridgeConfig,
     Harness,
@@ -195,6 +196,7 @@ async def run_agent(
     host_env: Mapping[str, str] | None = None,
     journal: JournalOptions | None = None,
     durability: RunDurability | None = None,
+    file_hooks: Sequence[RunFileHooks] = (),
 ) -> AsyncIterator[Event]:
     """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events.
 
@@ -203,6 +205,7 @@ async def run_agent(
     Durability is one opt-in: ``durability`` without ``journal`` raises ``HalfDurableRunError``
     (journal alone is a journaled agent that ends with its sandbox), and a journaled run needs
     the caller's ``run_id`` (``DurableRunIdRequiredError``). Both raise on the first step.
+    ``file_hooks``: this run's file-event hooks, called after the sandbox's (``boxwright.file_hooks``).
     """
     if journal is not None and not run_id:
         # A successor recomputes the journal path from the run id: a generated one could never be found.
@@ -255,7 +258,9 @@ async def run_agent(
             scrub = _Scrubber()
             if sandbox.workspace is not None:
                 scrub.add(resolve_all_secrets(sandbox.workspace.secrets).values())
-            drive = _drive(sandbox, scope.handle, harness, hctx, frame, signal, declared, bridge, journal, scrub)
+            drive = _drive(
+                sandbox, scope.handle, harness, hctx, frame, signal, declared, bridge, journal, scrub, file_hooks
+            )
             async for event in drive:
                 yield clock(scrub(event))
     except Exception as exc:
@@ -308,6 +313,7 @@ async def _drive(
     bridge: HostToolBridge | None,
     journal: JournalOptions | None = None,
     scrub: _Scrubber | None = None,
+    file_hooks: Sequence[RunFileHooks] = (),
 ) -> AsyncIterator[Event]:
     executable = getattr(harness, "executable", None)
     agent_cli: list[str] | None = None
@@ -346,6 +352,7 @@ async def _drive(
     register_secret_values(plan.secrets)
     if scrub is not None:
         scrub.add(plan.secrets)
+    hooks = FileHookDispatcher(sandbox.hooks, file_hooks, FileHookContext(hctx.run_id, hctx.thread_id))
     watcher: WorkspaceWatcher | None = None
     held: Event | None = None
     process: SpawnHandle | None = None
@@ -356,6 +363,7 @@ async def _drive(
             with contextlib.suppress(Exception):
                 await _detached_kill(process)
         await run.close()
+        await hooks.aclose()
         if watcher is not None:
             with contextlib.suppress(Exception):
                 await watcher.stop()
@@ -369,7 +377,8 @@ async def _drive(
     try:
         await _write_files(handle, plan.files, hctx.cwd)
         if sandbox.file_events:
-            watcher = await WorkspaceWatcher(handle, run.on_file, root=hctx.cwd).start()
+            on_file = _calling_hooks(run.on_file, hooks) if hooks.active else run.on_file
+            watcher = await WorkspaceWatcher(handle, on_file, root=hctx.cwd).start()
         translator = harness.translator(hctx)
         stdin = plan.stdin if hctx.capabilities.writable_stdin else None
         journaled: asyncio.Task[tuple[int | None, str]] | None = None
@@ -417,6 +426,7 @@ async def _drive(
         # The watcher's last listing and the diff both read the finished tree: one command takes
         # both, so the end of a run costs that one read, never a fixed wait.
         diff = await _final_reads(handle, hctx.cwd, watcher, bool(getattr(harness, "emit_diff", True)))
+        await hooks.drain()  # the run ends once its file hooks have seen every event
         while not run.queue.empty():  # last file and bridge events
             for event in _events(run.queue.get_nowait()):
                 yield event
@@ -442,6 +452,14 @@ async def _drive(
         # After the terminal event: its consumer need not wait for the last kill, the watch
         # task's end or the bridge's close, which change nothing it is told.
         await teardown()
+
+
+def _calling_hooks(on_file: Callable[[FileEvent], None], hooks: FileHookDispatcher) -> Callable[[FileEvent], None]:
+    def both(event: FileEvent) -> None:
+        on_file(event)
+        hooks.push(event)
+
+    return both
 
 
 async def _final_reads(handle: SandboxHandle, cwd: str, watcher: WorkspaceWatcher | None, diff: bool) -> str:

@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 import msgspec
 
 from .abort import AbortSignal
+from .file_hooks import FileHook
 from .policy import SandboxPolicy, network_policy_for
 from .sandbox import CreateInput, DestroyInput, RestoreInput, ResumeInput, SandboxHandle, SandboxProvider
 from .secrets import resolve_all_secrets
@@ -60,9 +61,15 @@ PlainHook = Callable[[], Awaitable[None] | None]
 
 @dataclass(frozen=True)
 class SandboxHooks:
+    """Lifecycle hooks, and file-event hooks called for every run's workspace events (``file_hooks``)."""
+
     on_ready: HandleHook | None = None
     on_error: ErrorHook | None = None
     on_destroy: PlainHook | None = None
+    on_file: FileHook | None = None
+    on_file_create: FileHook | None = None
+    on_file_change: FileHook | None = None
+    on_file_delete: FileHook | None = None
 
 
 class Tenant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):

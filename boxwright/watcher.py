@@ -57,6 +57,10 @@ def parse_listing(text: str) -> dict[str, str]:
     return files
 
 
+def _diff_listings(before: dict[str, str], after: dict[str, str], _last: dict[str, str], now: int) -> list[FileEvent]:
+    return diff_listings(before, after, now)
+
+
 def diff_listings(before: dict[str, str], after: dict[str, str], now: int) -> list[FileEvent]:
     events = [FileEvent("delete", p, now) for p in before if p not in after]
     for path, stamp in after.items():
@@ -65,6 +69,31 @@ def diff_listings(before: dict[str, str], after: dict[str, str], now: int) -> li
         elif before[path] != stamp:
             events.append(FileEvent("change", path, now))
     return sorted(events, key=lambda e: e.path)
+
+
+def reconcile(before: dict[str, str], after: dict[str, str], last: dict[str, str], now: int) -> list[FileEvent]:
+    """What a last listing ``after`` must add to the live events already reported (``last``: path ->
+    type of its last reported event) so that a consumer's view of which files exist is right.
+
+    A path never reported is compared as a poll would (with ``before``); a reported one only when
+    the view is wrong: reported deleted and there now (create), reported there and gone (delete).
+    A change after a reported create or change is not repeated: the run's diff shows the content.
+    """
+    events: list[FileEvent] = []
+    for path in sorted(set(before) | set(after) | set(last)):
+        kind = last.get(path)
+        if kind is None:
+            if path not in before and path in after:
+                events.append(FileEvent("create", path, now))
+            elif path in before and path not in after:
+                events.append(FileEvent("delete", path, now))
+            elif path in after and before.get(path) != after[path]:
+                events.append(FileEvent("change", path, now))
+        elif kind == "delete" and path in after:
+            events.append(FileEvent("create", path, now))
+        elif kind != "delete" and path not in after:
+            events.append(FileEvent("delete", path, now))
+    return events
 
 
 class WorkspaceWatcher:
@@ -95,7 +124,7 @@ class WorkspaceWatcher:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._state: dict[str, str] | None = None
-        self._reported: set[str] = set()
+        self._last: dict[str, str] = {}  # path -> type of the last event reported for it
         self._finished = False
         self._final = False  # the last listing is reporting
 
@@ -106,6 +135,10 @@ class WorkspaceWatcher:
     async def start(self) -> WorkspaceWatcher:
         self._state = await self._list()
         self._task = asyncio.ensure_future(self._watch() if self._native is not None else self._poll_loop())
+        if self._native is not None:
+            # One loop step: the task registers its watch (synchronously, before its first wait),
+            # so the agent started next cannot write before the watch sees it.
+            await asyncio.sleep(0)
         return self
 
     async def _list(self) -> dict[str, str]:
@@ -115,7 +148,7 @@ class WorkspaceWatcher:
     def _emit(self, event: FileEvent) -> None:
         if self._finished and not self._final:
             return  # a live event after the last listing: that listing has reported it
-        self._reported.add(event.path)
+        self._last[event.path] = event.type
         self._on_event(event)
 
     async def _watch(self) -> None:
@@ -147,19 +180,22 @@ class WorkspaceWatcher:
         return self._command
 
     async def poll(self, *, final: bool = False, listing: str | None = None) -> None:
-        """One comparison now (with ``listing``, that output of ``listing_command``); the final one
-        reports only what live events did not."""
+        """One comparison now (with ``listing``, that output of ``listing_command``); after native
+        events, the final one reports only what corrects the view they gave (``reconcile``)."""
         try:
             current = parse_listing(listing) if listing is not None else await self._list()
         except Exception as exc:  # the sandbox may be going away; a missed poll is not fatal
             log.debug("workspace poll failed: %r", exc)
             return
         if self._state is not None:
+            # Native events may still be in flight at the end: the last listing then settles the
+            # view they gave (a poll's state already is the view).
+            native_final = final and self._native is not None
+            found = (reconcile if native_final else _diff_listings)(self._state, current, self._last, now_ms())
             self._final = final
             try:
-                for event in diff_listings(self._state, current, now_ms()):
-                    if not (final and event.path in self._reported):
-                        self._emit(event)
+                for event in found:
+                    self._emit(event)
             finally:
                 self._final = False
         self._state = current
@@ -189,7 +225,7 @@ class WorkspaceWatcher:
             # A poll in flight must land before the last one (it moves the state compared against);
             # the poll loop wakes on the stop at once, so this costs at most that one listing.
             await self._task
-        await self.poll(final=self._native is not None, listing=listing)
+        await self.poll(final=True, listing=listing)
 
     async def stop(self) -> None:
         """Stop watching after one last comparison (``finish``) and end the watch task; idempotent."""

@@ -17,9 +17,10 @@ import pytest
 from starlette.applications import Starlette
 
 from boxwright.agent import JournalOptions, run_agent
-from boxwright.definition import Lifecycle, define_sandbox
+from boxwright.definition import Lifecycle, SandboxHooks, define_sandbox
 from boxwright.errors import DurableRunIdRequiredError, HalfDurableRunError
 from boxwright.events import CustomEvent, Event, RunFinishedEvent, encode_event
+from boxwright.file_hooks import FileHookContext, RunFileHooks
 from boxwright.harnesses.command import command_harness
 from boxwright.middleware import RunSpec, SandboxService, StartRunRequest, sandbox_routes
 from boxwright.middleware.service import RecordDurability
@@ -111,7 +112,7 @@ def test_durability_without_a_journal_is_refused_before_any_sandbox(tmp_path: Pa
 
 
 def test_keep_alive_is_refused_with_what_to_do_instead() -> None:
-    with pytest.raises(ValueError, match="keep_alive.*not supported.*destroy_on_complete"):
+    with pytest.raises(ValueError, match=r"keep_alive.*not supported.*destroy_on_complete"):
         Lifecycle(keep_alive="30m")
     with pytest.raises(msgspec.ValidationError, match="keep_alive"):
         msgspec.convert({"keep_alive": "30m"}, Lifecycle)
@@ -205,8 +206,7 @@ def test_events_are_stamped_when_emitted_so_the_run_ends_last_in_time(tmp_path: 
     # the diff: as emitted, every stamp is at least the one before, and file.changed has one.
     finished = encode_event(RunFinishedEvent(thread_id="t", run_id="r", timestamp=1)).decode()
     agent = (
-        "git init -q . && echo said && sleep 0.05 && echo new > made.txt && sleep 0.05 && "
-        f"printf '%s\\n' '{finished}'"
+        f"git init -q . && echo said && sleep 0.05 && echo new > made.txt && sleep 0.05 && printf '%s\\n' '{finished}'"
     )
     sandbox = define_sandbox("stamps", local_process_sandbox(base_dir=tmp_path / "sb"))
 
@@ -266,3 +266,72 @@ def test_a_native_event_arriving_after_the_last_listing_is_not_reported_twice(tm
 
     seen = asyncio.run(main())
     assert [(e.type, e.path) for e in seen] == [("create", "late.txt")]
+
+
+def test_file_hooks_of_the_sandbox_and_of_the_run_are_called_in_order(tmp_path: Path) -> None:
+    calls: list[tuple[str, str, str]] = []
+
+    def sandbox_hook(name: str) -> Any:
+        def hook(event: FileEvent) -> None:
+            calls.append((name, event.type, event.path))
+
+        return hook
+
+    async def run_on_file(ctx: FileHookContext, event: FileEvent) -> None:
+        await asyncio.sleep(0)  # an async hook is awaited
+        calls.append((f"run:on_file:{ctx.run_id}", event.type, event.path))
+
+    def failing(ctx: FileHookContext, event: FileEvent) -> None:
+        raise RuntimeError("an app's hook failing must not fail the run")
+
+    hooks = SandboxHooks(
+        on_file=sandbox_hook("on_file"),
+        on_file_create=sandbox_hook("on_file_create"),
+        on_file_change=sandbox_hook("on_file_change"),
+        on_file_delete=sandbox_hook("on_file_delete"),
+    )
+    sandbox = define_sandbox("hooks", local_process_sandbox(base_dir=tmp_path / "sb"), hooks=hooks)
+    # Pauses longer than inotify's batching, so each step's events arrive while the run is live.
+    steps = "echo 1 > kept.txt && echo 1 > gone.txt && sleep 0.4 && echo 2 >> kept.txt && rm gone.txt && sleep 0.4"
+    agent = f"{steps} && echo done"
+    run_id = f"hooks-{_tag()}"
+
+    async def main() -> list[Event]:
+        stream: Any = run_agent(
+            sandbox,
+            command_harness(agent),
+            "go",
+            thread_id=f"t-{_tag()}",
+            run_id=run_id,
+            file_hooks=[RunFileHooks(on_file=run_on_file, on_file_delete=failing)],
+        )
+        async with contextlib.aclosing(stream) as events:
+            return [event async for event in events]
+
+    events = asyncio.run(main())
+    assert events[-1].type == "RUN_FINISHED", events[-1]
+    # Every event reached its hooks before the run ended: on_file, the typed hook, then the run's.
+    for kind, path in [("create", "kept.txt"), ("create", "gone.txt"), ("change", "kept.txt"), ("delete", "gone.txt")]:
+        mine = [name for name, k, p in calls if (k, p) == (kind, path)]
+        assert mine[:3] == ["on_file", f"on_file_{kind}", f"run:on_file:{run_id}"], (kind, path, calls)
+    streamed = [e.value for e in events if isinstance(e, CustomEvent) and e.name == "sandbox.file"]
+    assert len(streamed) == len({(k, p) for _, k, p in calls})
+
+
+def test_a_delete_still_in_flight_at_the_end_is_reported_by_the_last_listing(tmp_path: Path) -> None:
+    async def main() -> list[tuple[str, str]]:
+        handle = await local_process_sandbox(base_dir=tmp_path).create()
+        try:
+            seen: list[FileEvent] = []
+            watcher = await WorkspaceWatcher(handle, seen.append).start()
+            await handle.process.exec("echo 1 > kept.txt && echo 1 > gone.txt")
+            await asyncio.sleep(0.4)  # the creates arrive live
+            await handle.process.exec("rm gone.txt")
+            await watcher.stop()  # at once: the delete is still being batched by inotify
+            return [(e.type, e.path) for e in seen]
+        finally:
+            await handle.destroy()
+
+    seen = asyncio.run(main())
+    assert seen[-1] == ("delete", "gone.txt") and seen.count(("delete", "gone.txt")) == 1, seen
+    assert ("create", "kept.txt") in seen and ("create", "gone.txt") in seen, seen
