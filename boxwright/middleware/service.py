@@ -448,6 +448,9 @@ def _decode_trigger(request: Request, raw: bytes) -> StartRunRequest | Response:
     run_id = request.headers.get("x-run-id") or body.run_id
     try:
         check_thread_id(body.thread_id)
+    except InvalidThreadIdError as exc:
+        return _error(400, f"invalid threadId: {exc}", exc.code)
+    try:
         if run_id is not None:
             # What a client may choose: it lands in URLs, headers and logs (coordinator R37).
             check_client_run_id(run_id)
