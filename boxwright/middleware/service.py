@@ -445,7 +445,8 @@ def _decode_trigger(request: Request, raw: bytes) -> StartRunRequest | Response:
         return _error(400, "body must be valid JSON", "invalid_body")
     if not body.prompt.strip():
         return _error(400, "prompt must be a non-empty string", "invalid_body")
-    run_id = request.headers.get("x-run-id") or body.run_id
+    header = request.headers.get("x-run-id")
+    run_id = header or body.run_id
     try:
         check_thread_id(body.thread_id)
     except InvalidThreadIdError as exc:
@@ -454,8 +455,8 @@ def _decode_trigger(request: Request, raw: bytes) -> StartRunRequest | Response:
         if run_id is not None:
             # What a client may choose: it lands in URLs, headers and logs (coordinator R37).
             check_client_run_id(run_id)
-    except (InvalidRunIdError, InvalidThreadIdError) as exc:
-        return _error(400, str(exc), exc.code)
+    except InvalidRunIdError as exc:
+        return _error(400, f"invalid {'X-Run-Id' if header else 'runId'}: {exc}", exc.code)
     return msgspec.structs.replace(body, run_id=run_id)
 
 
