@@ -1,0 +1,398 @@
+"""Durable Streams state: in memory for this process, durable in SQLite through one group-committing writer.
+
+A stream is loaded from the database on first use and then served from memory: catch-up reads
+are a slice, live readers wait on an ``asyncio.Event``. Every change is validated and applied
+to the pending state synchronously (so producer and ``Stream-Seq`` checks see earlier requests
+in order), then queued for the writer task, which commits everything queued so far in one
+transaction; readers see data only once that commit returns (``visible``). Unbatched appends
+from many writers thus cost one fsync-free WAL commit per batch, not per request.
+
+One process owns a database's streams (``boxwright serve --streams``): the memory is the
+authority between commits, so a second writer process on the same file is not supported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from boxwright.stores.sqlite import SqliteDatabase
+from boxwright.streams.protocol import media_type, parse_expires_at
+
+log = logging.getLogger("boxwright.streams")
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS ds_streams (
+  id INTEGER PRIMARY KEY,
+  path TEXT NOT NULL,
+  content_type TEXT NOT NULL,
+  ttl INTEGER,
+  expires_at TEXT,
+  closed INTEGER NOT NULL DEFAULT 0,
+  touched_ms INTEGER NOT NULL,
+  stream_seq TEXT,
+  closed_by TEXT,
+  parent TEXT,
+  fork_config TEXT,
+  children INTEGER NOT NULL DEFAULT 0,
+  soft_deleted INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS ds_streams_path ON ds_streams (path);
+CREATE TABLE IF NOT EXISTS ds_messages (
+  stream_id INTEGER NOT NULL,
+  idx INTEGER NOT NULL,
+  end_pos INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  PRIMARY KEY (stream_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ds_producers (
+  stream_id INTEGER NOT NULL,
+  producer_id TEXT NOT NULL,
+  epoch INTEGER NOT NULL,
+  last_seq INTEGER NOT NULL,
+  last_offset INTEGER NOT NULL,
+  PRIMARY KEY (stream_id, producer_id)
+) WITHOUT ROWID;
+"""
+
+_INSERT_MESSAGE = "INSERT INTO ds_messages (stream_id, idx, end_pos, data) VALUES (?, ?, ?, ?)"
+UPSERT_PRODUCER = (
+    "INSERT INTO ds_producers (stream_id, producer_id, epoch, last_seq, last_offset) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, "
+    "last_offset = excluded.last_offset"
+)
+_UPDATE_STATE = "UPDATE ds_streams SET closed = ?, stream_seq = ?, closed_by = ?, touched_ms = ? WHERE id = ?"
+
+Statement = tuple[str, tuple[Any, ...]]
+
+
+@dataclass
+class Producer:
+    epoch: int
+    last_seq: int
+    last_offset: int  # the tail right after its last accepted append, for a duplicate's Stream-Next-Offset
+
+
+@dataclass(eq=False)
+class Stream:
+    id: int
+    path: str
+    content_type: str
+    json: bool
+    ttl: int | None = None
+    expires_at: str | None = None
+    expires_at_s: float | None = None
+    closed: bool = False
+    items: list[bytes] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # position after items[i]
+    visible: int = 0  # how many items are committed (readable)
+    closed_visible: bool = False
+    touched: float = field(default_factory=time.time)
+    producers: dict[str, Producer] = field(default_factory=dict)
+    stream_seq: str | None = None
+    closed_by: str | None = None  # "id/epoch/seq" of the producer append that closed the stream
+    parent: str | None = None
+    fork_config: str | None = None  # what an identical fork PUT repeats: "source|offset|sub"
+    children: int = 0
+    soft_deleted: bool = False
+    gone: bool = False  # deleted or expired: readers end
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def tail(self) -> int:
+        """The committed tail position."""
+        return self.ends[self.visible - 1] if self.visible else 0
+
+    @property
+    def pending_tail(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def expired(self, now: float) -> bool:
+        if self.expires_at_s is not None and now >= self.expires_at_s:
+            return True
+        return self.ttl is not None and now >= self.touched + self.ttl
+
+    def touch(self) -> None:
+        self.touched = time.time()
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def slice(self, position: int, limit: int) -> tuple[list[bytes], int]:
+        """Committed items from ``position`` (cut to the position in a byte stream), about ``limit`` bytes."""
+        index = bisect.bisect_right(self.ends, position, 0, self.visible)
+        out: list[bytes] = []
+        size = 0
+        end = position
+        while index < self.visible and (not out or size < limit):
+            item = self.items[index]
+            start = self.ends[index] - len(item) if not self.json else None
+            if start is not None and start < position:
+                item = item[position - start :]
+            out.append(item)
+            size += len(item)
+            end = self.ends[index]
+            index += 1
+        return out, end
+
+    def push(self, items: list[bytes]) -> list[Statement]:
+        end = self.pending_tail
+        statements: list[Statement] = []
+        for item in items:
+            end = end + 1 if self.json else end + len(item)
+            statements.append((_INSERT_MESSAGE, (self.id, len(self.items), end, item)))
+            self.items.append(item)
+            self.ends.append(end)
+        return statements
+
+    def state_statement(self) -> Statement:
+        return (_UPDATE_STATE, (int(self.closed), self.stream_seq, self.closed_by, int(self.touched * 1000), self.id))
+
+
+class _Op:
+    __slots__ = ("after", "done", "grouped", "statements")
+
+    def __init__(self, statements: list[Statement], after: Callable[[], None] | None, grouped: bool) -> None:
+        self.statements = statements
+        self.after = after
+        self.grouped = grouped
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class StreamStore:
+    """Streams by path over one ``SqliteDatabase``; ``await start()`` before use, ``await close()`` after."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+        self._streams: dict[str, Stream | None] = {}
+        self._loading: dict[str, asyncio.Future[Stream | None]] = {}
+        self._next_id = 1
+        self._queue: list[_Op] = []
+        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        await self.db.ensure_schema(_DDL)
+        async with self.db.connection() as conn:
+            rows = list(await conn.execute_fetchall("SELECT COALESCE(MAX(id), 0) FROM ds_streams"))
+        self._next_id = int(rows[0][0]) + 1
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="boxwright streams writer")
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wakeup.set()
+        if self._writer is not None:
+            await self._writer
+            self._writer = None
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    # -- lookup ------------------------------------------------------------------------------------
+
+    async def get(self, path: str) -> Stream | None:
+        """The stream at ``path`` (soft-deleted ones included), loading it once; an expired one is removed."""
+        if path in self._streams:
+            stream = self._streams[path]
+        else:
+            loading = self._loading.get(path)
+            if loading is None:
+                loading = self._loading[path] = asyncio.ensure_future(self._load(path))
+                try:
+                    stream = await loading
+                finally:
+                    del self._loading[path]
+                if path not in self._streams:
+                    self._streams[path] = stream
+                stream = self._streams[path]
+            else:
+                stream = await loading
+                stream = self._streams.get(path, stream)
+        if stream is not None and not stream.soft_deleted and stream.expired(time.time()):
+            await self.commit(self.remove(stream), after=lambda: self.forget_if_absent(path))
+            return None
+        return stream
+
+    async def _load(self, path: str) -> Stream | None:
+        async with self.db.connection() as conn:
+            rows = list(
+                await conn.execute_fetchall(
+                    "SELECT id, content_type, ttl, expires_at, closed, touched_ms, stream_seq, closed_by, parent, "
+                    "fork_config, children, soft_deleted FROM ds_streams WHERE path = ? ORDER BY id DESC LIMIT 1",
+                    (path,),
+                )
+            )
+            if not rows:
+                return None
+            row = rows[0]
+            messages = list(
+                await conn.execute_fetchall(
+                    "SELECT end_pos, data FROM ds_messages WHERE stream_id = ? ORDER BY idx", (row[0],)
+                )
+            )
+            producers = list(
+                await conn.execute_fetchall(
+                    "SELECT producer_id, epoch, last_seq, last_offset FROM ds_producers WHERE stream_id = ?", (row[0],)
+                )
+            )
+        stream = Stream(
+            id=row[0],
+            path=path,
+            content_type=row[1],
+            json=media_type(row[1]) == "application/json",
+            ttl=row[2],
+            expires_at=row[3],
+            expires_at_s=parse_expires_at(row[3]) if row[3] else None,
+            closed=bool(row[4]),
+            closed_visible=bool(row[4]),
+            touched=row[5] / 1000,
+            stream_seq=row[6],
+            closed_by=row[7],
+            parent=row[8],
+            fork_config=row[9],
+            children=row[10],
+            soft_deleted=bool(row[11]),
+        )
+        stream.items = [bytes(data) for _, data in messages]
+        stream.ends = [end for end, _ in messages]
+        stream.visible = len(stream.items)
+        stream.producers = {pid: Producer(epoch, seq, off) for pid, epoch, seq, off in producers}
+        return stream
+
+    # -- changes (synchronous: validate and apply in one step, then await ``commit``) ----------------
+
+    def create(self, stream: Stream, items: list[bytes]) -> list[Statement]:
+        self._streams[stream.path] = stream
+        statements: list[Statement] = [
+            (
+                "INSERT INTO ds_streams (id, path, content_type, ttl, expires_at, closed, touched_ms, stream_seq, "
+                "closed_by, parent, fork_config) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    stream.id,
+                    stream.path,
+                    stream.content_type,
+                    stream.ttl,
+                    stream.expires_at,
+                    int(stream.closed),
+                    int(stream.touched * 1000),
+                    stream.stream_seq,
+                    stream.closed_by,
+                    stream.parent,
+                    stream.fork_config,
+                ),
+            )
+        ]
+        statements += stream.push(items)
+        if stream.parent is not None:
+            parent = self._streams.get(stream.parent)
+            if parent is not None:
+                parent.children += 1
+                statements.append(("UPDATE ds_streams SET children = ? WHERE id = ?", (parent.children, parent.id)))
+        return statements
+
+    def remove(self, stream: Stream) -> list[Statement]:
+        """Delete ``stream`` (soft when forks still share it), cascading to soft-deleted ancestors.
+
+        Queues its own commit: a removal found lazily (expiry) has no request waiting on it.
+        """
+        statements: list[Statement] = []
+        current: Stream | None = stream
+        while current is not None:
+            if current.children > 0:
+                if not current.soft_deleted:
+                    current.soft_deleted = True
+                    statements.append(("UPDATE ds_streams SET soft_deleted = 1 WHERE id = ?", (current.id,)))
+                    current.wake()
+                break
+            current.gone = True
+            self._streams[current.path] = None
+            sid = current.id
+            statements += [
+                ("DELETE FROM ds_messages WHERE stream_id = ?", (sid,)),
+                ("DELETE FROM ds_producers WHERE stream_id = ?", (sid,)),
+                ("DELETE FROM ds_streams WHERE id = ?", (sid,)),
+            ]
+            current.wake()
+            parent = self._streams.get(current.parent) if current.parent is not None else None
+            current = None
+            if parent is not None:
+                parent.children -= 1
+                statements.append(("UPDATE ds_streams SET children = ? WHERE id = ?", (parent.children, parent.id)))
+                if parent.soft_deleted and parent.children == 0:
+                    current = parent
+        return statements
+
+    def forget_if_absent(self, path: str) -> None:
+        # After a delete commits the database agrees that the path is empty: the tombstone can go.
+        if path in self._streams and self._streams[path] is None:
+            del self._streams[path]
+
+    async def commit(self, statements: list[Statement], after: Callable[[], None] | None = None) -> None:
+        """Queue ``statements`` for the next group commit and wait for it; ``after`` runs once committed."""
+        await self._submit(statements, after, grouped=False)
+
+    async def commit_append(self, statements: list[Statement], after: Callable[[], None] | None = None) -> None:
+        """Like ``commit`` for plain appends, whose statements may be merged with other appends'."""
+        await self._submit(statements, after, grouped=True)
+
+    async def _submit(self, statements: list[Statement], after: Callable[[], None] | None, grouped: bool) -> None:
+        if self._writer is None or self._closing:
+            raise RuntimeError("the stream store is not running (start() it first, or it was closed)")
+        op = _Op(statements, after, grouped)
+        self._queue.append(op)
+        self._wakeup.set()
+        # Shielded: once queued the change is applied in memory, so the commit must finish even if
+        # this request is cancelled (its client went away).
+        await asyncio.shield(op.done)
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._queue:
+                if self._closing:
+                    return
+                continue
+            batch, self._queue = self._queue, []
+            try:
+                await self._write(batch)
+            except Exception as exc:
+                log.error("streams: a group commit of %d changes failed: %s: %s", len(batch), type(exc).__name__, exc)
+                for op in batch:
+                    if not op.done.done():
+                        op.done.set_exception(exc)
+                continue
+            for op in batch:
+                if op.after is not None:
+                    op.after()
+                if not op.done.done():
+                    op.done.set_result(None)
+            if self._queue:
+                self._wakeup.set()
+
+    async def _write(self, batch: list[_Op]) -> None:
+        async with self.db.transaction() as conn:
+            grouped: dict[str, list[tuple[Any, ...]]] = {}
+
+            async def flush() -> None:
+                for sql, rows in grouped.items():
+                    await conn.executemany(sql, rows)
+                grouped.clear()
+
+            for op in batch:
+                if op.grouped:
+                    for sql, params in op.statements:
+                        grouped.setdefault(sql, []).append(params)
+                    continue
+                await flush()
+                for sql, params in op.statements:
+                    await conn.execute(sql, params)
+            await flush()
