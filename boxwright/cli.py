@@ -81,7 +81,7 @@ def _cli_check(name: str, binary: str, package: str) -> Check:
 
 
 def doctor_checks() -> list[Check]:
-    from .providers.bubblewrap import probe
+    from .providers.bubblewrap import describe_posture, probe
 
     bwrap = probe()
     checks = [
@@ -92,7 +92,7 @@ def doctor_checks() -> list[Check]:
             bwrap.available,
             (
                 f"network deny: {'yes' if bwrap.network_deny else 'no'}, "
-                f"kill reaches children: {'yes' if bwrap.killable else 'no'}"
+                f"kill reaches children: {'yes' if bwrap.killable else 'no'}; {describe_posture(bwrap.posture)}"
             )
             if bwrap.available
             else bwrap.reason,
@@ -326,6 +326,32 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return asyncio.run(_gc(args))
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    if not args.streams:
+        _usage_error("boxwright serve: only --streams (the Durable Streams server) is available so far")
+    from boxwright.streams.app import StreamsLimits
+    from boxwright.streams.serve import serve_streams
+
+    limits = StreamsLimits(long_poll_timeout=args.long_poll_timeout, max_body=args.max_body)
+    serve_streams(args.host, args.port, database=args.db, limits=limits)
+    return 0
+
+
+def _add_serve(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="serve boxwright over HTTP (--streams: the Durable Streams protocol)")
+    serve.add_argument("--streams", action="store_true", help="any path is a Durable Streams stream (SQLite)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=4437, help="port (default 4437)")
+    serve.add_argument("--db", default=None, help="SQLite file (default: $BOXWRIGHT_DB or ./.boxwright/boxwright.db)")
+    serve.add_argument(
+        "--long-poll-timeout", type=float, default=20.0, metavar="SECONDS", help="how long a long-poll waits (20)"
+    )
+    serve.add_argument(
+        "--max-body", type=int, default=16 * 1024 * 1024, metavar="BYTES", help="larger appends get 413 (16 MiB)"
+    )
+    serve.set_defaults(func=cmd_serve)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="boxwright", description="Run coding agents in sandboxes.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -372,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.add_argument("-v", "--verbose", action="store_true", help="also list what stays, and why")
     gc.add_argument("--json", action="store_true", help="print the result as JSON")
     gc.set_defaults(func=cmd_gc)
+    _add_serve(sub)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result
