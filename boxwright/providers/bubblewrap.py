@@ -104,8 +104,9 @@ _ETC = (
     "python3.13",
     "perl",
 )
-# Bound live over their copies: the host may change them while a sandbox lives.
-_ETC_LIVE = ("hosts", "resolv.conf")
+# Bound live over their copies (one mount each): the host may change the files while a
+# sandbox lives, and the directories are hundreds of public links, slow to copy (~1.5 s here).
+_ETC_LIVE = ("hosts", "resolv.conf", "alternatives", "ssl/certs", "pki/tls/certs", "pki/ca-trust", "crypto-policies")
 
 
 class _Meta(msgspec.Struct):
@@ -145,7 +146,7 @@ class Probe(msgspec.Struct, frozen=True):
 
 def _etc_live(name: str) -> list[str]:
     real = os.path.realpath(f"/etc/{name}")
-    return ["--ro-bind", real, f"/etc/{name}"] if os.path.isfile(real) else []
+    return ["--ro-bind", real, f"/etc/{name}"] if os.path.exists(real) else []
 
 
 def _root_args(etc: str | None = None) -> list[str]:
@@ -188,6 +189,8 @@ def _copy_etc_entry(name: str, target: str) -> None:
     if os.path.islink(src) and real.startswith("/usr/"):
         # Resolves inside as outside (localtime -> zoneinfo): keep the link, so its name reads right.
         os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(real) and name in _ETC_LIVE:
+        os.makedirs(dst, exist_ok=True)  # the mount point of its live bind, in a read-only /etc
     elif os.path.isdir(real):
         try:
             shutil.copytree(real, dst, symlinks=True, ignore=_world_unreadable)
@@ -369,6 +372,16 @@ def _kill_reaches_children(base: list[str]) -> bool:
             proc.kill()
 
 
+def describe_posture(posture: Posture) -> str:
+    """One line for ``boxwright doctor``: what holds a command, then every weaker layer."""
+    held = [
+        f"commands run as uid {posture.uid}" + (" of a user namespace" if posture.user_namespace else " of the host"),
+        "no capabilities" if posture.capabilities_dropped else "capabilities kept",
+        "seccomp filter on" if posture.seccomp else "no seccomp filter",
+    ]
+    return ", ".join(held) + "".join(f"; weaker: {why}" for why in posture.weaker)
+
+
 def _capabilities(found: Probe) -> Capabilities:
     return Capabilities(
         fs=True,
@@ -490,7 +503,8 @@ class BubblewrapHandle:
         # After /tmp, so a host path under /tmp can still be shown to the sandbox.
         for path in (*self._ro_binds, *self._extra_ro_binds):
             argv += ["--ro-bind", path, path]
-        argv += ["--chdir", inside]
+        # bwrap's own root is a tmpfs the sandbox user owns: read-only, nothing lands outside the binds.
+        argv += ["--remount-ro", "/", "--chdir", inside]
         if self._found.posture.seccomp:
             argv += ["--seccomp", str(SECCOMP_FD)]
         argv += ["--", "sh", "-c", command]
@@ -512,6 +526,7 @@ class BubblewrapHandle:
         await asyncio.to_thread(shutil.copytree, self._tmp, os.path.join(state, "tmp"), symlinks=True)
         meta = _Meta(workspace=workspace, owned_workspace=True, network=self._meta.network)
         _write_meta(state, meta)
+        await asyncio.to_thread(_ensure_state_files, state, self._found)
         return BubblewrapHandle(
             state,
             meta,
@@ -631,6 +646,8 @@ class BubblewrapProvider:
         os.makedirs(workspace, exist_ok=True)
         meta = _Meta(workspace=workspace, owned_workspace=self._dir is None, network=network)
         _write_meta(state, meta)
+        # Off the loop: the first command would otherwise build /etc on it.
+        await asyncio.to_thread(_ensure_state_files, state, found)
         return self._handle(state, meta, input.env)
 
     async def resume(self, input: ResumeInput) -> BubblewrapHandle | None:
