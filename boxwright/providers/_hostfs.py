@@ -35,14 +35,14 @@ _MISSING = (errno.ENOENT, errno.ENOTDIR)
 # The kernel's own limit on links in one lookup; also bounds retries when a path keeps changing.
 MAX_HOPS = 40
 
-_CLOEXEC = os.O_CLOEXEC | os.O_NOFOLLOW
+_SAFE = os.O_CLOEXEC | os.O_NOFOLLOW
 # Walking needs only search permission on a directory, as a kernel lookup would: O_PATH.
-_STEP = os.O_PATH | os.O_DIRECTORY | _CLOEXEC
+_STEP = os.O_PATH | os.O_DIRECTORY | _SAFE
 _ROOT = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC  # the mount root is the host's, not the sandbox's
-_LIST = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC
+_LIST = os.O_RDONLY | os.O_DIRECTORY | _SAFE
 # O_NONBLOCK: a fifo swapped in must not hang a host thread; only regular files are read or written.
-_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
-_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
+_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _SAFE
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY | _SAFE
 
 
 class Located(NamedTuple):
@@ -145,16 +145,12 @@ def _within(path: str, root: str) -> bool:
 
 
 class _Walk:
-    """One operation's walk of one path; every descriptor it returns is the caller's to close.
+    """One operation's walk of one path; every descriptor it returns is the caller's to close."""
 
-    ``strict`` refuses every symlink on the way instead of following the ones that stay inside.
-    """
-
-    def __init__(self, paths: PathMap, path: str, *, strict: bool = False) -> None:
+    def __init__(self, paths: PathMap, at: Located) -> None:
         self._paths = paths
-        self.at = paths.locate(path)
-        self._path = path
-        self._strict = strict
+        self.at = at
+        self._path = at.path
         self._hops = 0
 
     def parent(self, *, create: bool = False) -> tuple[int, str]:
@@ -209,8 +205,6 @@ class _Walk:
                 raise self._error(exc) from None
             self._spend()
             return
-        if self._strict:
-            raise SandboxPathError(self._path, self.at.root, "goes through a symlink under")
         self._spend()
         self.at = self._paths.through_link(self.at, index, target)
 
@@ -281,10 +275,15 @@ class HostFs:
     def __init__(self, paths: PathMap) -> None:
         self._paths = paths
 
+    def _walk(self, path: str) -> _Walk:
+        return _Walk(self._paths, self._paths.locate(path))
+
     async def watch(self, path: str, stop: asyncio.Event) -> AsyncIterator[list[FileChange]]:
         from watchfiles import awatch
 
-        fd = _Walk(self._paths, path).open(_LIST)
+        walk = self._walk(path)
+        fd = walk.open(_LIST)
+        watched = walk.at  # after the links on the way: where the events' paths are resolved from
         try:
             # The watch starts from the directory the walk opened, not from a path looked up again.
             root = f"/proc/self/fd/{fd}"
@@ -294,11 +293,13 @@ class HostFs:
                 return not any(part in IGNORED_DIRS for part in rel.split(os.sep))
 
             async for batch in awatch(root, stop_event=stop, watch_filter=keep, debounce=100, step=20, recursive=True):
-                changes = []
+                changes: list[FileChange] = []
                 for change, changed in sorted(batch, key=lambda c: c[1]):
-                    rel = os.path.relpath(changed, root)
-                    if int(change) in _CHANGE_TYPES and _reportable(self._paths, path, rel):
-                        changes.append(FileChange(_CHANGE_TYPES[int(change)], rel))
+                    rel = _event_path(self._paths, watched, os.path.relpath(changed, root))
+                    if int(change) in _CHANGE_TYPES and rel is not None:
+                        found = FileChange(_CHANGE_TYPES[int(change)], rel)
+                        if found not in changes:  # one file seen under two names (a link to its dir)
+                            changes.append(found)
                 if changes:
                     yield changes
         finally:
@@ -308,15 +309,15 @@ class HostFs:
         return (await self.read_bytes(path)).decode("utf-8")
 
     async def read_bytes(self, path: str) -> bytes:
-        walk = _Walk(self._paths, path)
+        walk = self._walk(path)
         return await asyncio.to_thread(_read, walk)
 
     async def write(self, path: str, data: str | bytes) -> None:
-        walk = _Walk(self._paths, path)
+        walk = self._walk(path)
         await asyncio.to_thread(_write, walk, data.encode() if isinstance(data, str) else data)
 
     async def list(self, path: str) -> list[FsEntry]:
-        fd = _Walk(self._paths, path).open(_LIST)
+        fd = self._walk(path).open(_LIST)
         base = path.rstrip("/") or "/"
         try:
             with os.scandir(fd) as entries:
@@ -333,7 +334,7 @@ class HostFs:
         return sorted(found, key=lambda e: e.name)
 
     async def mkdir(self, path: str) -> None:
-        walk = _Walk(self._paths, path)
+        walk = self._walk(path)
         parent, name = walk.parent(create=True)
         try:
             if name:
@@ -347,14 +348,14 @@ class HostFs:
                 raise FileExistsError(errno.EEXIST, "exists and is not a directory", path)
 
     async def remove(self, path: str) -> None:
-        walk = _Walk(self._paths, path)
+        walk = self._walk(path)
         await asyncio.to_thread(_remove, walk)
 
     async def rename(self, src: str, dst: str) -> None:
-        source = _Walk(self._paths, src)
+        source = self._walk(src)
         src_dir, src_name = source.parent()
         try:
-            dst_dir, dst_name = _Walk(self._paths, dst).parent(create=True)
+            dst_dir, dst_name = self._walk(dst).parent(create=True)
             if not src_name or not dst_name:
                 raise SandboxPathError(src if not src_name else dst, source.at.root, "is a mount root, under")
             try:
@@ -368,7 +369,7 @@ class HostFs:
 
     async def exists(self, path: str) -> bool:
         try:
-            _Walk(self._paths, path).stat()
+            self._walk(path).stat()
         except OSError as exc:
             if exc.errno in _MISSING:
                 return False
@@ -377,25 +378,40 @@ class HostFs:
 
     async def lstat(self, path: str) -> FsStat | None:
         try:
-            return _stat_of(_Walk(self._paths, path).lstat())
+            return _stat_of(self._walk(path).lstat())
         except OSError as exc:
             if exc.errno in _MISSING:
                 return None
             raise
 
 
-def _reportable(paths: PathMap, root: str, rel: str) -> bool:
-    """A watch event is for a file under ``root`` reached without a symlink (inotify's recursive
-    watch follows links into directories; their changes are not the sandbox's)."""
-    if rel.startswith("..") or rel == ".":
-        return False
+def _event_path(paths: PathMap, watched: Located, rel: str) -> str | None:
+    """Where a watch event happened, relative to the watched directory, or None to drop it.
+
+    inotify's recursive watch follows symlinks into directories, and names an event by the last
+    path it watched the directory under: a link inside is resolved to the real path, a link out
+    (what changes behind it is not the sandbox's) and directories are dropped.
+    """
+    if rel == "." or rel == ".." or rel.startswith("../"):
+        return None
+    walk = _Walk(paths, Located(rel, watched.root, (*watched.parts, *rel.split("/"))))
     try:
-        found = _Walk(paths, f"{root.rstrip('/')}/{rel}", strict=True).lstat()
+        parent, name = walk.parent()
     except SandboxPathError:
-        return False
+        return None
+    except OSError as exc:
+        return rel if exc.errno == errno.ENOENT else None  # its directory is gone too: a delete
+    try:
+        if st.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+            return None
     except OSError:
-        return True  # gone already: a delete, reported as the old code did
-    return not st.S_ISDIR(found.st_mode)
+        pass  # gone already: a delete
+    finally:
+        os.close(parent)
+    at, depth = walk.at, len(watched.parts)
+    if at.root != watched.root or at.parts[:depth] != watched.parts:
+        return None  # through a link inside the sandbox, but out of the watched directory
+    return "/".join(at.parts[depth:])
 
 
 def _read(walk: _Walk) -> bytes:

@@ -174,34 +174,52 @@ def test_links_inside_work_and_link_operations_act_on_the_link(kind: str, tmp_pa
     assert host_file.read_bytes() == SECRET
 
 
+async def _watched(handle: Any, path: str, poke: Callable[[], None], expect: str) -> list[str]:
+    """What ``fs.watch(path)`` reports while ``poke`` changes files, until ``expect`` shows (or 5 s)."""
+    stop = asyncio.Event()
+    seen: list[str] = []
+
+    async def collect() -> None:
+        async with contextlib.aclosing(handle.fs.watch(path, stop)) as batches:
+            async for batch in batches:
+                seen.extend(c.path for c in batch)
+
+    task = asyncio.ensure_future(collect())
+    await asyncio.sleep(0.5)
+    poke()
+    for _ in range(100):
+        if expect in seen:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    stop.set()
+    await task
+    return seen
+
+
 def test_a_native_watch_does_not_report_changes_behind_a_link_out(tmp_path: Path) -> None:
     _, host_dir = _host_files(tmp_path)
 
-    async def main() -> list[str]:
+    async def main() -> tuple[list[str], list[str]]:
         async with host_sandbox("local-process", tmp_path / "sandboxes") as handle:
             ws = Path(handle.workspace_root)
             os.symlink(host_dir, ws / "out")
-            stop = asyncio.Event()
-            seen: list[str] = []
+            (ws / "sub").mkdir()
+            os.symlink("sub", ws / "in")
 
-            async def collect() -> None:
-                async with contextlib.aclosing(handle.fs.watch("/workspace", stop)) as batches:
-                    async for batch in batches:
-                        seen.extend(c.path for c in batch)
+            def poke() -> None:
+                (host_dir / "changed-on-host").write_bytes(b"x")
+                (ws / "inside.txt").write_bytes(b"x")
+                (ws / "sub" / "below.txt").write_bytes(b"x")
 
-            task = asyncio.ensure_future(collect())
-            await asyncio.sleep(0.5)
-            (host_dir / "changed-on-host").write_bytes(b"x")
-            (ws / "inside.txt").write_bytes(b"x")
-            for _ in range(100):
-                if "inside.txt" in seen:
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)
-            stop.set()
-            await task
-            return seen
+            whole = await _watched(handle, "/workspace", poke, "sub/below.txt")
+            # A watch rooted through a link that stays inside still reports what is under it.
+            through = await _watched(
+                handle, "/workspace/in", lambda: (ws / "sub" / "again.txt").write_bytes(b"x"), "again.txt"
+            )
+            return whole, through
 
-    seen = asyncio.run(main())
-    assert "inside.txt" in seen
-    assert not any("changed-on-host" in p for p in seen), seen
+    whole, through = asyncio.run(main())
+    assert "inside.txt" in whole and "sub/below.txt" in whole
+    assert not any("changed-on-host" in p for p in whole), whole
+    assert "again.txt" in through
