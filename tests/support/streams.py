@@ -10,11 +10,24 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
+from boxwright.definition import define_sandbox
+from boxwright.events import TextMessageContentEvent, TextMessageEndEvent, TextMessageStartEvent, encode_event
+from boxwright.harnesses.command import command_harness
+from boxwright.middleware import RunSpec, SandboxMiddleware, SandboxService, StartRunRequest, sandbox_routes
+from boxwright.providers import local_process_sandbox
+from boxwright.runs import EventLog
+from boxwright.stores.memory import MemoryInstanceStore
+from boxwright.stores.sqlite import open_database, sqlite_run_backend
+from boxwright.tool_bridge.asgi import serve_asgi
 from tests.support.require import missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +43,8 @@ def streams_npm() -> Path:
         missing("`node` is not installed (Debian: apt-get install nodejs npm)")
     if not (root / "node_modules" / "@durable-streams" / "server-conformance-tests").is_dir():
         missing(
-            f"the Durable Streams npm pieces are not installed in {root} (cp tests/streams/package.json there; npm install)"
+            f"the Durable Streams npm pieces are not installed in {root} "
+            "(cp tests/streams/package.json there; npm install)"
         )
     return root / "node_modules"
 
@@ -88,3 +102,58 @@ def streams_server(db: Path, *, long_poll_timeout: float = 0.5, max_body: int | 
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+# -- a live boxwright run behind the service routes -----------------------------------------------
+
+
+def delta_script(deltas: int, gap: float) -> str:
+    """A shell agent printing one AG-UI text message as ``deltas`` NDJSON deltas, ``gap`` seconds apart."""
+    start = encode_event(TextMessageStartEvent(message_id="m", role="assistant")).decode()
+    lines = [f"printf '%s\\n' '{start}'"]
+    for i in range(deltas):
+        delta = encode_event(TextMessageContentEvent(message_id="m", delta=f"d{i} ")).decode()
+        lines.append(f"printf '%s\\n' '{delta}'; sleep {gap}")
+    lines.append(f"printf '%s\\n' '{encode_event(TextMessageEndEvent(message_id='m')).decode()}'")
+    return "; ".join(lines)
+
+
+@dataclass
+class RunStack:
+    service: SandboxService
+    log: EventLog
+    url: str
+    client: httpx.AsyncClient
+
+    async def start(self, script: str) -> str:
+        body = {"prompt": script, "threadId": f"t-{uuid.uuid4().hex[:8]}"}
+        response = await self.client.post("/runs", json=body)
+        assert response.status_code == 202, response.text
+        return str(response.json()["runId"])
+
+    async def stored(self, run_id: str) -> list[tuple[str, bytes]]:
+        """Every stored (offset, event JSON) of a run, straight from the log."""
+        return [(offset, encode_event(event)) async for offset, event in self.log.read(run_id, "-1", live=False)]
+
+
+@contextlib.asynccontextmanager
+async def run_stack(tmp_path: Path) -> AsyncIterator[RunStack]:
+    """SQLite runs and logs, a service whose factory runs the prompt as a shell agent, under uvicorn."""
+    db = open_database(tmp_path / "runs.db")
+    runs, events = sqlite_run_backend(db)
+    sandbox = define_sandbox("streams", local_process_sandbox(base_dir=tmp_path / "sb"), file_events=False)
+
+    def factory(request: StartRunRequest) -> RunSpec:
+        return RunSpec(sandbox=sandbox, harness=command_harness(request.prompt))
+
+    service = SandboxService(runs, events, store=MemoryInstanceStore(), factory=factory)
+    app = Starlette(routes=sandbox_routes(service), middleware=[Middleware(SandboxMiddleware, service=service)])
+    server = await serve_asgi(app)
+    client = httpx.AsyncClient(base_url=server.url, timeout=30)
+    try:
+        yield RunStack(service, events, server.url, client)
+    finally:
+        await client.aclose()
+        await server.close()
+        await service.aclose(cancel=True)
+        await db.close()
