@@ -525,6 +525,14 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
     async def tail(websocket: WebSocket) -> None:
         await service.websocket(websocket, websocket.path_params["run_id"])
 
+    # The run log as a read-only Durable Streams stream (boxwright.streams.runlog owns the protocol).
+    from boxwright.streams.runlog import RunStreams
+
+    run_streams = RunStreams(service.runs, service.log)
+
+    async def stream(request: Request) -> Response:
+        return await run_streams.response(request, request.path_params["run_id"])
+
     async def cancel(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         refused = _refuse_run_id(run_id)
@@ -547,6 +555,7 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         Route("/runs/{run_id}/events", events, methods=["GET"]),
         Route("/runs/{run_id}/poll", poll, methods=["GET"]),
         WebSocketRoute("/runs/{run_id}/ws", tail),
+        Route("/runs/{run_id}/stream", stream, methods=["GET", "HEAD", "PUT", "POST", "DELETE"]),
         Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
     ]
 
