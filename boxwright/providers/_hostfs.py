@@ -356,9 +356,9 @@ class HostFs:
         src_dir, src_name = source.parent()
         try:
             dst_dir, dst_name = self._walk(dst).parent(create=True)
-            if not src_name or not dst_name:
-                raise SandboxPathError(src if not src_name else dst, source.at.root, "is a mount root, under")
             try:
+                if not src_name or not dst_name:
+                    raise SandboxPathError(src if not src_name else dst, source.at.root, "is a mount root, under")
                 os.rename(src_name, dst_name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
             except OSError as exc:
                 raise OSError(exc.errno, exc.strerror, src, None, dst) from None

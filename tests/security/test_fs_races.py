@@ -123,7 +123,10 @@ def _operations(fs: Any, ws: Path) -> dict[str, Callable[[int], Awaitable[Any]]]
 @pytest.mark.parametrize("kind", HOST_PROVIDERS)
 def test_symlink_swaps_inside_never_reach_host_files(kind: str, tmp_path: Path) -> None:
     host = Host(tmp_path)
+    fds = len(os.listdir("/proc/self/fd"))
     swaps, report, breaches = asyncio.run(_race(kind, tmp_path, host))
+    # Every refused or failed walk closed what it opened (a leak would be one per refusal: thousands).
+    assert len(os.listdir("/proc/self/fd")) < fds + 20, "descriptors leaked"
     print(kind, "swapper rounds:", swaps, report)
     assert int(swaps or 0) > 1000, f"the swapper barely ran ({swaps!r}): the race was not exercised"
     assert all(c["ok"] > 0 for c in report.values()), f"an operation never succeeded: {report}"
