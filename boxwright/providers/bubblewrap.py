@@ -644,6 +644,16 @@ class BubblewrapProvider:
         state = os.path.join(self._base_dir, uuid.uuid4().hex)
         workspace = self._dir or os.path.join(state, "workspace")
         os.makedirs(workspace, exist_ok=True)
+        owner = os.stat(workspace).st_uid
+        if found.posture.user_namespace and owner != os.geteuid():
+            # Only the caller's uid is mapped: another uid's files are nobody's inside, and no
+            # capability overrides their modes any more. Said here, not as a puzzling EACCES later.
+            self._logger.warn(
+                f"the workspace {workspace} belongs to uid {owner}, not to uid {os.geteuid()} running bwrap: "
+                "inside the sandbox it is nobody's, so commands write only where its modes let anyone write; "
+                "chown it, or run boxwright as its owner",
+                {"workspace": workspace, "owner": owner},
+            )
         meta = _Meta(workspace=workspace, owned_workspace=self._dir is None, network=network)
         _write_meta(state, meta)
         # Off the loop: the first command would otherwise build /etc on it.

@@ -419,3 +419,29 @@ def test_the_filter_kills_a_foreign_architecture_syscall(tmp_path):
     result = _run(inside, tmp_path)
     assert "returned" not in result.stdout, result
     assert result.exit_code == 128 + 31, result  # SIGSYS: the filter's bad-architecture action
+
+
+def test_the_callers_files_are_the_sandbox_users_and_another_uids_are_not(tmp_path):
+    if os.geteuid() != 0 or not bw.probe().posture.user_namespace:
+        pytest.skip("the uid mapping as root under a user namespace is what CI runs")
+    from boxwright.testkit import RecordingLogger
+
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    os.chown(theirs, 4242, 4242)
+    logger = RecordingLogger()
+
+    async def main(workspace: Path) -> Any:
+        handle = await bubblewrap_sandbox(workspace, base_dir=tmp_path / "state", logger=logger).create()
+        try:
+            return await handle.process.exec("stat -c %u . && echo x > f && stat -c %u f")
+        finally:
+            await handle.destroy()
+
+    own = asyncio.run(main(mine))
+    assert own.stdout == f"{bw.SANDBOX_UID}\n{bw.SANDBOX_UID}\n", own  # writable, and the file is the caller's
+    assert os.stat(mine / "f").st_uid == 0 and not logger.warnings
+    foreign = asyncio.run(main(theirs))
+    assert foreign.exit_code != 0 and not (theirs / "f").exists(), foreign
+    assert any("belongs to uid 4242" in message for message, _ in logger.warnings), logger.warnings
