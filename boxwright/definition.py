@@ -185,7 +185,8 @@ class SandboxDefinition:
         async def locked(_lease: LeaseSignal) -> EnsureResult:
             record = await self._fresh_record(store, key)
             if record is not None:
-                found = await self._resume(store, record, ctx)
+                # A provider without resume by id (local-process, decision 5) creates again instead.
+                found = await self._resume(store, record, ctx) if _resumes_by_id(self.provider) else None
                 if found is not None:
                     return found
                 restored = await self._restore(store, record, ctx)
@@ -308,6 +309,10 @@ class SandboxDefinition:
             )
         )
         return EnsureResult(handle, key, "created", result)
+
+
+def _resumes_by_id(provider: SandboxProvider) -> bool:
+    return getattr(provider, "resumes_by_id", True) is not False
 
 
 def _provider_identity(provider: SandboxProvider) -> object:

@@ -2,7 +2,11 @@
 
 For trusted or dev work only. The harness inherits the host env (with whatever
 API keys are exported there); ``scrub_env`` deletes keys so a host CLI login
-wins over them. No snapshots, and no resume but of a directory that still exists.
+wins over them. No snapshots, and no resume by id (seed 000, decision 5): ``ensure()`` never
+resumes a local-process sandbox, each run creates and bootstraps it again under the same
+identity, which names the same directory (``<base_dir>/<instance key>``, or the fixed ``dir``),
+so the thread's files stay and setup runs again. ``resume()`` remains only as a handle on a
+directory that still exists, for what works beside a run's lifecycle (the reaper's probe).
 
 The host ``/tmp`` is everybody's, so journals do not live in it: each sandbox has a
 private state directory ``<base_dir>.state/<sha256(root)>`` (both levels 0700 and this
@@ -17,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -168,6 +173,8 @@ class LocalProcessHandle:
 class LocalProcessProvider:
     name = NAME
     restore_snapshot = None
+    # Read by ensure(): a run creates again under the same identity instead of resuming.
+    resumes_by_id = False
 
     def __init__(
         self,
@@ -210,7 +217,8 @@ class LocalProcessProvider:
             raise UnsupportedCapabilityError(
                 NAME, "network_policy", "local-process cannot deny network; use bubblewrap_sandbox(network='deny')"
             )
-        root = self._dir or os.path.join(self._base_dir, uuid.uuid4().hex)
+        # The same identity (ensure's instance key) is the same directory: creating again finds it.
+        root = self._dir or os.path.join(self._base_dir, _dir_name(input.id) if input.id else uuid.uuid4().hex)
         if os.path.exists(root) and not os.path.isdir(root):
             raise SandboxPathError(root, root, "is a file, not a directory; it cannot be the workspace root")
         os.makedirs(root, exist_ok=True)
@@ -232,6 +240,16 @@ class LocalProcessProvider:
         await asyncio.to_thread(remove_tree_with_retry, state_dir_for(self._base_dir, input.id), self._logger)
         if self._remove and self._is_own(input.id):
             await asyncio.to_thread(remove_tree_with_retry, input.id, self._logger)
+
+
+def _dir_name(id: str) -> str:
+    """``id`` as one safe path component: itself when it is one, else a digest of it."""
+    if _SAFE_NAME.fullmatch(id):
+        return id
+    return "id-" + hashlib.sha256(id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
 def _same(a: str, b: str) -> bool:

@@ -30,7 +30,7 @@ from boxwright.secrets import create_secrets
 from boxwright.stores.memory import MemoryInstanceStore, MemoryLockStore
 from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database
 from boxwright.workspace import define_workspace, git_skill, git_source
-from tests.support.providers import SnapshottingProvider, SpyProvider
+from tests.support.providers import ResumingLocalProvider, SnapshottingProvider, SpyProvider
 from tests.support.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,9 +140,16 @@ def test_a29_first_ensure_creates_and_bootstraps_second_resumes(kind: str, tmp_p
         record = await store.get(first.key)
         assert record is not None and record.latest_run_id == "r1" and record.provider_sandbox_id == first.handle.id
         second = await definition.ensure(_ctx(run="r2", store=store, locks=locks))
-        assert second.outcome == "resumed" and second.handle.id == first.handle.id
-        assert (await second.handle.fs.read("/workspace/setup.log")) == "ran\n"  # setup ran once
-        assert (spy.count("create"), spy.count("resume")) == (1, 1)
+        if kind == "local-process":
+            # No resume by id (decision 5): created again in the same directory, its clone kept,
+            # bootstrapped again.
+            assert second.outcome == "created" and second.handle.id == first.handle.id
+            assert (await second.handle.fs.read("/workspace/setup.log")) == "ran\nran\n"
+            assert (spy.count("create"), spy.count("resume")) == (2, 0)
+        else:
+            assert second.outcome == "resumed" and second.handle.id == first.handle.id
+            assert (await second.handle.fs.read("/workspace/setup.log")) == "ran\n"  # setup ran once
+            assert (spy.count("create"), spy.count("resume")) == (1, 1)
         record2 = await store.get(first.key)
         assert record2 is not None and record2.latest_run_id == "r2" and record2.updated_at >= record.updated_at
         await definition.destroy(_ctx(store=store))
@@ -174,12 +181,12 @@ def test_a30_gone_sandbox_restores_from_snapshot_else_recreates_under_the_same_k
         assert spy.count("restore") == 1 and spy.count("create") == 1
 
         # Without snapshots: re-create (and bootstrap again) under the same key.
-        plain = SpyProvider(local_process_sandbox(base_dir=tmp_path / "plain"))
+        plain = SpyProvider(ResumingLocalProvider(base_dir=tmp_path / "plain"))
         definition = define_sandbox("agent", plain, ws)
         one = await definition.ensure(_ctx(run="r1", store=store))
         await one.handle.destroy()
         two = await definition.ensure(_ctx(run="r2", store=store))
-        assert two.outcome == "created" and two.key == one.key and two.handle.id != one.handle.id
+        assert two.outcome == "created" and two.key == one.key and plain.count("resume") == 1
         assert (await two.handle.fs.read("artifact.txt")) == "built\n"
         assert plain.count("create") == 2
 
@@ -195,7 +202,7 @@ def test_a31_reuse_none_creates_each_run_and_concurrent_ensures_create_once(tmp_
         b = await per_run.ensure(_ctx(run="r2", store=store))
         assert a.handle.id != b.handle.id and spy.count("create") == 2 and spy.count("resume") == 0
 
-        spy2 = SpyProvider(local_process_sandbox(base_dir=tmp_path / "same"))
+        spy2 = SpyProvider(ResumingLocalProvider(base_dir=tmp_path / "same"))
         shared = define_sandbox("agent", spy2, define_workspace(setup=["sleep 0.2"]))
         results = await asyncio.gather(*(shared.ensure(_ctx(run=f"r{i}", store=store)) for i in range(4)))
         assert len({r.handle.id for r in results}) == 1
@@ -218,14 +225,14 @@ def test_a32_stale_record_recreates_and_secrets_are_reapplied_only_when_present(
 
         secrets = create_secrets(SVC_TOKEN="tok-a32-first")
         with_secrets = define_sandbox(
-            "agent", local_process_sandbox(base_dir=tmp_path / "sec"), define_workspace(secrets=secrets)
+            "agent", ResumingLocalProvider(base_dir=tmp_path / "sec"), define_workspace(secrets=secrets)
         )
         created = await with_secrets.ensure(_ctx(store=store))
         created.handle.env.set({"SVC_TOKEN": "clobbered"})
         resumed = await with_secrets.ensure(_ctx(run="r2", store=store))
         assert resumed.outcome == "resumed"
         assert (await resumed.handle.process.exec('printf %s "$SVC_TOKEN"')).stdout == "tok-a32-first"
-        without = define_sandbox("agent", local_process_sandbox(base_dir=tmp_path / "nosec"))
+        without = define_sandbox("agent", ResumingLocalProvider(base_dir=tmp_path / "nosec"))
         plain = await without.ensure(_ctx(store=store))
         again = await without.ensure(_ctx(run="r2", store=store))
         assert again.outcome == "resumed" and again.handle.env.get() == plain.handle.env.get() == {}
@@ -235,7 +242,7 @@ def test_a32_stale_record_recreates_and_secrets_are_reapplied_only_when_present(
 
 def test_snapshot_max_age_that_does_not_parse_is_ignored_with_a_warning(tmp_path: Path, caplog) -> None:
     definition = define_sandbox(
-        "a", local_process_sandbox(base_dir=tmp_path), lifecycle=Lifecycle(snapshot_max_age="soon")
+        "a", ResumingLocalProvider(base_dir=tmp_path), lifecycle=Lifecycle(snapshot_max_age="soon")
     )
 
     async def main() -> None:
@@ -255,13 +262,13 @@ WORKER = textwrap.dedent(
     import asyncio, sys
     sys.path.insert(0, {root!r})
     from boxwright.definition import EnsureContext, define_sandbox
-    from boxwright.providers import local_process_sandbox
     from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database
     from boxwright.workspace import define_workspace
+    from tests.support.providers import ResumingLocalProvider
 
     async def main():
         async with open_database({db!r}) as db:
-            sandbox = define_sandbox("agent", local_process_sandbox(base_dir={base!r}),
+            sandbox = define_sandbox("agent", ResumingLocalProvider(base_dir={base!r}),
                                      define_workspace(setup=["sleep 0.5", "echo once >> made.txt"]))
             ctx = EnsureContext(thread_id="t-shared", run_id=sys.argv[1],
                                 store=SqliteInstanceStore(db), locks=SqliteLockStore(db))
@@ -504,9 +511,34 @@ def test_a47_durability_over_an_in_memory_or_absent_lock_warns(tmp_path: Path, c
 def test_ensure_records_survive_a_new_process_through_sqlite(tmp_path: Path) -> None:
     async def once(run_id: str) -> str:
         async with open_database(tmp_path / "i.db") as db:
-            definition = define_sandbox("agent", local_process_sandbox(base_dir=tmp_path / "sb"))
+            definition = define_sandbox("agent", ResumingLocalProvider(base_dir=tmp_path / "sb"))
             result = await definition.ensure(_ctx(run=run_id, store=SqliteInstanceStore(db), locks=SqliteLockStore(db)))
             return result.outcome
 
     assert asyncio.run(once("r1")) == "created"
     assert asyncio.run(once("r2")) == "resumed"
+
+
+def test_local_process_has_no_resume_by_id_each_run_creates_and_bootstraps_again_under_the_same_identity(
+    tmp_path: Path,
+) -> None:
+    # Seed 000 / decision 5: no resume by id; the same identity names the same directory, so the
+    # thread's files stay while setup runs again.
+    async def main() -> None:
+        spy = SpyProvider(local_process_sandbox(base_dir=tmp_path / "lp"))
+        definition = define_sandbox("agent", spy, define_workspace(setup=["echo ran >> setup.log"]))
+        store = MemoryInstanceStore()
+        first = await definition.ensure(_ctx(run="r1", store=store))
+        await first.handle.fs.write("/workspace/work.txt", "the first run's work")
+        second = await definition.ensure(_ctx(run="r2", store=store))
+        assert first.outcome == second.outcome == "created"
+        assert spy.count("resume") == 0 and spy.count("create") == 2
+        assert second.handle.id == first.handle.id and second.key == first.key
+        assert (await second.handle.fs.read("/workspace/setup.log")) == "ran\nran\n", "bootstrapped again"
+        assert (await second.handle.fs.read("/workspace/work.txt")) == "the first run's work"
+        record = await store.get(second.key)
+        assert record is not None and record.provider_sandbox_id == second.handle.id
+        assert _dirs(tmp_path / "lp") == [os.path.basename(second.handle.id)]
+        await second.handle.destroy()
+
+    asyncio.run(main())

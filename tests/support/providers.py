@@ -46,6 +46,10 @@ class SpyProvider:
     def capabilities(self) -> Capabilities:
         return self.inner.capabilities()  # type: ignore[no-any-return]
 
+    @property
+    def resumes_by_id(self) -> bool:
+        return getattr(self.inner, "resumes_by_id", True) is not False
+
     def count(self, what: str) -> int:
         return sum(1 for name, _ in self.calls if name == what)
 
@@ -64,6 +68,14 @@ class SpyProvider:
         await self.inner.destroy(input)
 
 
+class ResumingLocalProvider(LocalProcessProvider):
+    """Local-process with resume by id: stands in for a provider that has it (Docker, E2B, ...)
+    where a test is about ensure()'s resume path. The real local-process has none (decision 5)."""
+
+    name = "local-resuming"
+    resumes_by_id = True
+
+
 class SnapshotHandle(LocalProcessHandle):
     capabilities = msgspec.structs.replace(LocalProcessHandle.capabilities, snapshots=True)
     snapshot_dir = ""
@@ -79,6 +91,7 @@ class SnapshotHandle(LocalProcessHandle):
 
 class SnapshottingProvider(LocalProcessProvider):
     name = "local-snapshots"
+    resumes_by_id = True  # as the providers with snapshots do
 
     def __init__(self, base_dir: str, *, fail_snapshot: bool = False) -> None:
         super().__init__(base_dir=base_dir)
