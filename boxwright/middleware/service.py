@@ -35,6 +35,7 @@ from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
 from boxwright.errors import InvalidRunIdError, InvalidThreadIdError, RunThreadMismatchError, ThreadBusyError
 from boxwright.events import Event, now_ms
+from boxwright.file_hooks import RunFileHooks
 from boxwright.harnesses.base import Harness, Message
 from boxwright.ids import check_client_run_id, check_thread_id
 from boxwright.runs import (
@@ -97,6 +98,8 @@ class RunSpec:
     harness: Harness
     tools: Sequence[Tool] | None = None
     durable: bool = True
+    # This run's file-event hooks (the seed's chat-middleware ``sandbox`` group).
+    file_hooks: Sequence[RunFileHooks] = ()
 
 
 class StartRunRequest(msgspec.Struct, rename="camel", kw_only=True):
@@ -159,6 +162,7 @@ class SandboxService:
         run_id: str | None = None,
         tools: Sequence[Tool] | None = None,
         durable: bool = True,
+        file_hooks: Sequence[RunFileHooks] = (),
     ) -> str:
         """Record the run and start driving it in the background; returns its id at once.
 
@@ -204,6 +208,7 @@ class SandboxService:
             locks=self._locks,
             journal=JournalOptions() if durable else None,
             durability=durability,
+            file_hooks=file_hooks,
         )
         if active is not None:
             events = self._after(active.run_id, abort.signal, events)
@@ -347,6 +352,7 @@ class SandboxService:
                 locks=locks,
                 journal=JournalOptions(attach=True, runs=self.runs),
                 durability=RecordDurability(self.runs, rid),
+                file_hooks=spec.file_hooks,
             )
 
             async def stored() -> list[Event]:
@@ -495,6 +501,7 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
                 run_id=body.run_id,
                 tools=spec.tools,
                 durable=spec.durable,
+                file_hooks=spec.file_hooks,
             )
         except RunThreadMismatchError as exc:
             return _error(409, str(exc), "thread_mismatch")

@@ -335,3 +335,31 @@ def test_a_delete_still_in_flight_at_the_end_is_reported_by_the_last_listing(tmp
     seen = asyncio.run(main())
     assert seen[-1] == ("delete", "gone.txt") and seen.count(("delete", "gone.txt")) == 1, seen
     assert ("create", "kept.txt") in seen and ("create", "gone.txt") in seen, seen
+
+
+def test_a_services_run_calls_its_run_scoped_file_hooks(tmp_path: Path) -> None:
+    async def main() -> list[tuple[str, str, str]]:
+        runs, log = memory_run_backend()
+        service = SandboxService(runs, log, store=MemoryInstanceStore())
+        sandbox = define_sandbox("svc-hooks", local_process_sandbox(base_dir=tmp_path / "sb"))
+        seen: list[tuple[str, str, str]] = []
+
+        def on_file_create(ctx: FileHookContext, event: FileEvent) -> None:
+            seen.append((ctx.run_id, event.type, event.path))
+
+        try:
+            run_id = await service.start_run(
+                sandbox,
+                command_harness("echo x > made.txt && sleep 0.3"),
+                "go",
+                thread_id=f"t-{_tag()}",
+                durable=False,
+                file_hooks=[RunFileHooks(on_file_create=on_file_create)],
+            )
+            record = await asyncio.wait_for(service.wait_run(run_id), 30)
+            assert record is not None and record.status == "completed"
+            return [("this run" if r == run_id else r, k, p) for r, k, p in seen]
+        finally:
+            await service.aclose(cancel=True)
+
+    assert asyncio.run(main()) == [("this run", "create", "made.txt")]
