@@ -222,6 +222,23 @@ def test_a_half_open_connection_is_closed_at_the_head_deadline() -> None:
     asyncio.run(main())
 
 
+def test_an_endless_head_is_answered_431_and_closed() -> None:
+    async def main() -> None:
+        async with bridge_listener() as listener:
+            reader, writer = await open_raw(listener)
+            head = listener.head()
+            filler = b"".join(b"x-pad-%d: %s\r\n" % (i, b"y" * 1000) for i in range(200))  # 200 kB of headers
+            writer.write(head[: head.index(b"\r\n") + 2] + filler)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            answer = await read_until_closed(reader, 5.0)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+            await listener.normal_call()
+
+    asyncio.run(main())
+
+
 # -- too many connections -------------------------------------------------------------------------
 
 
