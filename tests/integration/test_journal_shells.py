@@ -718,8 +718,9 @@ def test_a_shell_hostile_run_id_round_trips(provider: str) -> None:
 
     async def main() -> None:
         async with sandbox(provider) as handle:
-            canary = f"/tmp/boxwright-canary-{secrets.token_hex(4)}"
-            run_id = f"rp-a;touch {canary};b c/d$(touch {canary})-'q'`touch {canary}`-é-{secrets.token_hex(3)}"
+            # Relative: a run id holds no "/" (boxwright.ids), so the canary lands in the shell's cwd.
+            canary = f"boxwright-canary-{secrets.token_hex(4)}"
+            run_id = f"rp-a;touch {canary};b c|d$(touch {canary})-'q'`touch {canary}`-é-{secrets.token_hex(3)}"
             paths = journal_paths(run_id)
             process = await start_journaled_agent(handle, "echo '{\"h\":1}'; echo side >&2", paths)
             assert await process.wait() == 0
@@ -737,5 +738,6 @@ def test_a_shell_hostile_run_id_round_trips(provider: str) -> None:
             assert events == [{"h": 1}]
             assert not await exists(handle, paths.journal) and not await exists(handle, paths.stderr)
             assert not await exists(handle, canary) and not os.path.exists(canary)
+            assert not os.path.exists(os.path.join(handle.workspace_root, canary))
 
     asyncio.run(main())
