@@ -48,7 +48,9 @@ async def bare(workdir: str) -> tuple[float, float]:
 
 
 async def ours(base: str, n: int) -> tuple[float, float]:
-    sandbox = define_sandbox("tail", local_process_sandbox(base_dir=base), lifecycle=Lifecycle(destroy_on_complete=True))
+    sandbox = define_sandbox(
+        "tail", local_process_sandbox(base_dir=base), lifecycle=Lifecycle(destroy_on_complete=True)
+    )
     started = time.perf_counter()
     said: float | None = None
     finished: float | None = None
@@ -83,10 +85,14 @@ async def main() -> None:
     ms = 1e3
     print(f"command harness {COMMAND!r}, {args.rounds} rounds (median)")
     print("                              tail (last output -> end)   whole run")
-    print(f"  bare sh -c                  {statistics.median(bare_tail) * ms:8.1f} ms          "
-          f"{statistics.median(bare_all) * ms:8.1f} ms")
-    print(f"  run_agent (local-process)   {statistics.median(our_tail) * ms:8.1f} ms          "
-          f"{statistics.median(our_all) * ms:8.1f} ms   (tail goal < 20 ms)")
+    print(
+        f"  bare sh -c                  {statistics.median(bare_tail) * ms:8.1f} ms          "
+        f"{statistics.median(bare_all) * ms:8.1f} ms"
+    )
+    print(
+        f"  run_agent (local-process)   {statistics.median(our_tail) * ms:8.1f} ms          "
+        f"{statistics.median(our_all) * ms:8.1f} ms   (tail goal < 20 ms)"
+    )
 
 
 if __name__ == "__main__":
