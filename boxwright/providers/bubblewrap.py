@@ -269,9 +269,13 @@ def probe(bwrap: str = "bwrap") -> Probe:
 _USERNS = ("--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID))
 # No --new-session: the spawner already starts bwrap in a session of its own, with
 # no controlling terminal, so TIOCSTI has no terminal to push into; and a sandbox in
-# a session of its own leaves the process group a kill signals, so a kill right after
-# spawn, before --die-with-parent is armed, left the command running (19 in 40, measured).
-_ALWAYS = ("--die-with-parent", "--cap-drop", "ALL")
+# a session of its own leaves the process group a kill signals: a kill right after
+# spawn left the command running (19 in 40, measured).
+# No --die-with-parent: bwrap's parent is the host process, and a journaled run's
+# capture must survive that process's death for another host to take the run over
+# (spec/durable-runs.md); with it, a SIGKILLed host took every sandboxed command along.
+# Orphans stay confined, and destroy and gc find them by their argv.
+_ALWAYS = ("--cap-drop", "ALL")
 # Strongest first; the first that runs is the posture. --disable-userns (bwrap 0.8)
 # also stops a nested user namespace, which the seccomp filter refuses anyway.
 _LADDER = ((*_USERNS, "--disable-userns", *_ALWAYS), (*_USERNS, *_ALWAYS), _ALWAYS, ())

@@ -14,6 +14,8 @@ import os
 import secrets
 import shlex
 import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -445,3 +447,44 @@ def test_the_callers_files_are_the_sandbox_users_and_another_uids_are_not(tmp_pa
     foreign = asyncio.run(main(theirs))
     assert foreign.exit_code != 0 and not (theirs / "f").exists(), foreign
     assert any("belongs to uid 4242" in message for message, _ in logger.warnings), logger.warnings
+
+
+def test_a_command_outlives_the_host_process_and_destroy_still_ends_it(tmp_path):
+    # Why the hardening has no --die-with-parent: a journaled run must outlive its host for a takeover.
+    token = f"5{secrets.randbelow(10**8)}"
+    host = (
+        "import asyncio, sys\n"
+        "from boxwright.providers import bubblewrap_sandbox\n"
+        "async def main():\n"
+        f"    handle = await bubblewrap_sandbox(base_dir={str(tmp_path)!r}).create()\n"
+        f"    await handle.process.spawn('sleep {token}')\n"
+        "    print(handle.id, flush=True)\n"
+        "    await asyncio.sleep(600)\n"
+        "asyncio.run(main())\n"
+    )
+    from boxwright.sandbox import DestroyInput
+    from boxwright.testkit import host_pids
+
+    proc = subprocess.Popen([sys.executable, "-c", host], stdout=subprocess.PIPE, cwd=os.getcwd())
+    try:
+        assert proc.stdout is not None
+        state = proc.stdout.readline().decode().strip()
+        deadline = time.monotonic() + 10
+        while not host_pids(["sleep", token]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host_pids(["sleep", token]), "the sandboxed command never started"
+        proc.kill()
+        proc.wait()
+        time.sleep(1.0)
+        assert host_pids(["sleep", token]), "the sandboxed command died with the host process"
+        asyncio.run(bubblewrap_sandbox(base_dir=tmp_path).destroy(DestroyInput(id=state)))
+        deadline = time.monotonic() + 10
+        while host_pids(["sleep", token]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not host_pids(["sleep", token]), "destroy by id left the orphaned command running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in host_pids(["sleep", token]):
+            os.kill(pid, 9)
