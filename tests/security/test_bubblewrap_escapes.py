@@ -488,3 +488,17 @@ def test_a_command_outlives_the_host_process_and_destroy_still_ends_it(tmp_path)
             proc.wait()
         for pid in host_pids(["sleep", token]):
             os.kill(pid, 9)
+
+
+def test_no_controlling_terminal_to_push_keystrokes_into(tmp_path):
+    # Why the hardening has no --new-session: the spawner's setsid already leaves no terminal for TIOCSTI.
+    code = (
+        "import os\n"
+        "try:\n    os.open('/dev/tty', os.O_RDWR); print('tty')\nexcept OSError as e:\n    print('no tty', e.errno)\n"
+    )
+
+    async def inside(handle: Any) -> Any:
+        return await handle.process.exec(_python(code))
+
+    result = _run(inside, tmp_path)
+    assert result.stdout.splitlines()[0] == "no tty 6", result  # ENXIO: no controlling terminal
