@@ -117,7 +117,6 @@ class StreamsApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.store.close()
-                await self.store.db.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -6,14 +6,14 @@ import os
 
 import uvicorn
 
-from boxwright.stores.sqlite import open_database
+from boxwright.config import database_path
 from boxwright.streams.app import StreamsApp, StreamsLimits
 from boxwright.streams.store import StreamStore
 
 
 def streams_app(database: str | os.PathLike[str] | None = None, limits: StreamsLimits | None = None) -> StreamsApp:
     """The protocol app over SQLite at ``database`` (default: boxwright's database); starts on lifespan."""
-    return StreamsApp(StreamStore(open_database(database)), limits)
+    return StreamsApp(StreamStore(database_path() if database is None else database), limits)
 
 
 def serve_streams(host: str, port: int, *, database: str | None = None, limits: StreamsLimits | None = None) -> None:

@@ -5,7 +5,11 @@ are a slice, live readers wait on an ``asyncio.Event``. Every change is validate
 to the pending state synchronously (so producer and ``Stream-Seq`` checks see earlier requests
 in order), then queued for the writer task, which commits everything queued so far in one
 transaction; readers see data only once that commit returns (``visible``). Unbatched appends
-from many writers thus cost one fsync-free WAL commit per batch, not per request.
+from many writers thus cost one WAL commit per batch, not per request.
+
+The store has its own ``sqlite3`` connection on one thread of its own (WAL, ``synchronous=NORMAL``,
+like ``boxwright.stores.sqlite``): a whole batch is one hop to that thread, where aiosqlite would
+take one per statement, and the event loop waits on nothing but that hop.
 
 One process owns a database's streams (``boxwright serve --streams``): the memory is the
 authority between commits, so a second writer process on the same file is not supported.
@@ -16,12 +20,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import os
+import sqlite3
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from boxwright.stores.sqlite import SqliteDatabase
+from boxwright.stores.sqlite import BUSY_TIMEOUT_MS
 from boxwright.streams.protocol import media_type, parse_expires_at
 
 log = logging.getLogger("boxwright.streams")
@@ -166,10 +174,10 @@ class _Op:
 
 
 class StreamStore:
-    """Streams by path over one ``SqliteDatabase``; ``await start()`` before use, ``await close()`` after."""
+    """Streams by path in the SQLite file at ``path``; ``await start()`` before use, ``await close()`` after."""
 
-    def __init__(self, db: SqliteDatabase) -> None:
-        self.db = db
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
         self._streams: dict[str, Stream | None] = {}
         self._loading: dict[str, asyncio.Future[Stream | None]] = {}
         self._next_id = 1
@@ -177,12 +185,31 @@ class StreamStore:
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxwright-streams-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _open(self) -> int:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit: the writer opens its transactions itself. Only the store's thread touches it.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.executescript(_DDL)
+        self._conn = conn
+        return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM ds_streams").fetchone()[0])
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("the stream store is not open (start() it first)")
+        return self._conn
 
     async def start(self) -> None:
-        await self.db.ensure_schema(_DDL)
-        async with self.db.connection() as conn:
-            rows = list(await conn.execute_fetchall("SELECT COALESCE(MAX(id), 0) FROM ds_streams"))
-        self._next_id = int(rows[0][0]) + 1
+        self._next_id = await self._call(self._open) + 1
         self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="boxwright streams writer")
 
     async def close(self) -> None:
@@ -191,6 +218,10 @@ class StreamStore:
         if self._writer is not None:
             await self._writer
             self._writer = None
+        if self._conn is not None:
+            await self._call(self._conn.close)
+            self._conn = None
+        self._thread.shutdown(wait=True)
 
     def new_id(self) -> int:
         self._next_id += 1
@@ -221,28 +252,28 @@ class StreamStore:
             return None
         return stream
 
+    def _load_rows(self, path: str) -> tuple[Any, list[Any], list[Any]] | None:
+        conn = self._connection()
+        row = conn.execute(
+            "SELECT id, content_type, ttl, expires_at, closed, touched_ms, stream_seq, closed_by, parent, "
+            "fork_config, children, soft_deleted FROM ds_streams WHERE path = ? ORDER BY id DESC LIMIT 1",
+            (path,),
+        ).fetchone()
+        if row is None:
+            return None
+        messages = conn.execute(
+            "SELECT end_pos, data FROM ds_messages WHERE stream_id = ? ORDER BY idx", (row[0],)
+        ).fetchall()
+        producers = conn.execute(
+            "SELECT producer_id, epoch, last_seq, last_offset FROM ds_producers WHERE stream_id = ?", (row[0],)
+        ).fetchall()
+        return row, messages, producers
+
     async def _load(self, path: str) -> Stream | None:
-        async with self.db.connection() as conn:
-            rows = list(
-                await conn.execute_fetchall(
-                    "SELECT id, content_type, ttl, expires_at, closed, touched_ms, stream_seq, closed_by, parent, "
-                    "fork_config, children, soft_deleted FROM ds_streams WHERE path = ? ORDER BY id DESC LIMIT 1",
-                    (path,),
-                )
-            )
-            if not rows:
-                return None
-            row = rows[0]
-            messages = list(
-                await conn.execute_fetchall(
-                    "SELECT end_pos, data FROM ds_messages WHERE stream_id = ? ORDER BY idx", (row[0],)
-                )
-            )
-            producers = list(
-                await conn.execute_fetchall(
-                    "SELECT producer_id, epoch, last_seq, last_offset FROM ds_producers WHERE stream_id = ?", (row[0],)
-                )
-            )
+        found = await self._call(self._load_rows, path)
+        if found is None:
+            return None
+        row, messages, producers = found
         stream = Stream(
             id=row[0],
             path=path,
@@ -379,20 +410,32 @@ class StreamStore:
                 self._wakeup.set()
 
     async def _write(self, batch: list[_Op]) -> None:
-        async with self.db.transaction() as conn:
-            grouped: dict[str, list[tuple[Any, ...]]] = {}
+        # Plain appends may share one executemany per statement; anything else runs in order, alone.
+        steps: list[tuple[bool, list[Statement]]] = [(op.grouped, op.statements) for op in batch]
+        await self._call(self._write_sync, steps)
 
-            async def flush() -> None:
-                for sql, rows in grouped.items():
-                    await conn.executemany(sql, rows)
-                grouped.clear()
+    def _write_sync(self, steps: list[tuple[bool, list[Statement]]]) -> None:
+        conn = self._connection()
+        grouped: dict[str, list[tuple[Any, ...]]] = {}
 
-            for op in batch:
-                if op.grouped:
-                    for sql, params in op.statements:
+        def flush() -> None:
+            for sql, rows in grouped.items():
+                conn.executemany(sql, rows)
+            grouped.clear()
+
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for is_grouped, statements in steps:
+                if is_grouped:
+                    for sql, params in statements:
                         grouped.setdefault(sql, []).append(params)
                     continue
-                await flush()
-                for sql, params in op.statements:
-                    await conn.execute(sql, params)
-            await flush()
+                flush()
+                for sql, params in statements:
+                    conn.execute(sql, params)
+            flush()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
