@@ -36,6 +36,9 @@ MAX_ID_CHARS: Final = 200
 MAX_CLIENT_RUN_ID_CHARS: Final = 128
 _CLIENT_RUN_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_CLIENT_RUN_ID_CHARS}}}")
 _SEPARATORS: Final = {"/": "a '/'", "\\": "a '\\'"}
+# One search per id (every store call checks one): the separators, Unicode category Cc (exactly
+# U+0000-U+001F and U+007F-U+009F) and Cs (lone surrogates).
+_REFUSED_CHAR = re.compile(r"[/\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _utf8_problem(value: str) -> str | None:
@@ -56,16 +59,16 @@ def id_problem(value: object) -> str | None:
         return f"is {value!r}, a path component of its own (it would name a directory, not a run)"
     if len(value) > MAX_ID_CHARS:
         return f"is {len(value)} characters long; at most {MAX_ID_CHARS} are allowed"
-    for index, char in enumerate(value):
-        if char in _SEPARATORS:
-            return f"holds {_SEPARATORS[char]} at index {index}: a path separator cannot be part of an id"
-        category = unicodedata.category(char)
-        if category == "Cc":
-            name = "a NUL" if char == "\x00" else f"the control character U+{ord(char):04X}"
-            return f"holds {name} at index {index}: control characters are not allowed"
-        if category == "Cs":
-            return f"is not valid UTF-8 text: a lone surrogate at index {index}"
-    return None
+    found = _REFUSED_CHAR.search(value)
+    if found is None:
+        return None
+    index, char = found.start(), found.group()
+    if char in _SEPARATORS:
+        return f"holds {_SEPARATORS[char]} at index {index}: a path separator cannot be part of an id"
+    if unicodedata.category(char) == "Cs":
+        return f"is not valid UTF-8 text: a lone surrogate at index {index}"
+    name = "a NUL" if char == "\x00" else f"the control character U+{ord(char):04X}"
+    return f"holds {name} at index {index}: control characters are not allowed"
 
 
 def check_run_id(run_id: object) -> str:
