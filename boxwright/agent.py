@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +32,6 @@ from .events import (
     RunFinishedEvent,
     RunStartedEvent,
     create_run_scoped_id_gen,
-    decode_event,
-    encode_event,
     now_ms,
 )
 from .file_hooks import FileHookContext, FileHookDispatcher, RunFileHooks
@@ -52,6 +50,7 @@ from .host_paths import expose_host_command, host_path_env
 from .journal import (
     DEFAULT_FIRST_BYTE_TIMEOUT_MS,
     DEFAULT_JOURNAL_POLL_MS,
+    DEFAULT_STDERR_TAIL_BYTES,
     JournalPaths,
     RunLookup,
     await_attachable_journal,
@@ -68,7 +67,8 @@ from .journal import (
 from .projection import TARGETS, project_workspace, projection_for
 from .runs import RUN_ABORTED_CODE, RUN_CANCELLED_CODE
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
-from .secrets import MASK, redact, register_secret_values, resolve_all_secrets
+from .scrub import EventScrubber, mask_then_tail
+from .secrets import SecretScope, redact, resolve_all_secrets
 from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
 from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
@@ -107,31 +107,6 @@ async def _remove_files(handle: SandboxHandle, files: Sequence[str], cwd: str) -
             await handle.process.exec("rm -f " + " ".join(quote(p) for p in files), ProcessOptions(cwd=cwd))
 
 
-class _Scrubber:
-    """Masks this run's secret values in its events: an agent that prints its env must not publish it."""
-
-    def __init__(self) -> None:
-        self._needles: dict[str, str] = {}
-
-    def add(self, values: Iterable[str]) -> None:
-        for value in values:
-            if value:
-                # As the value appears inside encoded JSON, raw and escaped.
-                self._needles[value] = MASK
-                escaped = msgspec.json.encode(value).decode()[1:-1]
-                self._needles[escaped] = MASK
-
-    def __call__(self, event: Event) -> Event:
-        if not self._needles:
-            return event
-        raw = encode_event(event).decode()
-        if not any(needle in raw for needle in self._needles):
-            return event
-        for needle in sorted(self._needles, key=len, reverse=True):
-            raw = raw.replace(needle, MASK)
-        return decode_event(raw)
-
-
 @dataclass(frozen=True)
 class JournalOptions:
     """Run the agent journaled, so the run outlives this process (see ``boxwright.journal``).
@@ -152,9 +127,10 @@ class JournalOptions:
 class _Run:
     """The moving parts of one drive: the agent process, its readers and the watcher."""
 
-    def __init__(self, thread_id: str, run_id: str) -> None:
+    def __init__(self, thread_id: str, run_id: str, scrub: EventScrubber | None = None) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
+        self.scrub = scrub
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.stderr: list[str] = []
         self.tasks: list[asyncio.Task[None]] = []
@@ -169,7 +145,7 @@ class _Run:
         )
 
     def stderr_tail(self) -> str:
-        return "".join(self.stderr)[-STDERR_TAIL:]
+        return mask_then_tail("".join(self.stderr), STDERR_TAIL, self.scrub)
 
     async def close(self) -> None:
         for task in self.tasks:
@@ -237,6 +213,10 @@ async def run_agent(
         signal=signal,
         adapter_name=harness.name,
     )
+    # This run's own secret values (its bridge token, the harness's credentials): masked in its
+    # events, and in logs while it runs; released when it ends.
+    secrets = SecretScope()
+    scrub = EventScrubber(scope=secrets)
     try:
         async with with_sandbox(sandbox, ctx, durability=durability) as scope:
             hctx = HarnessContext(
@@ -255,18 +235,22 @@ async def run_agent(
                 host_env=dict(os.environ if host_env is None else host_env),
                 file_suffix=encode_run_id(run_id),
             )
-            scrub = _Scrubber()
             if sandbox.workspace is not None:
                 scrub.add(resolve_all_secrets(sandbox.workspace.secrets).values())
             drive = _drive(
                 sandbox, scope.handle, harness, hctx, frame, signal, declared, bridge, journal, scrub, file_hooks
             )
-            async for event in drive:
-                yield clock(scrub(event))
+            with secrets:
+                async with contextlib.aclosing(drive):
+                    async for event in drive:
+                        for out in scrub.feed(event):
+                            yield clock(out)
+                    for out in scrub.flush():
+                        yield clock(out)
     except Exception as exc:
         # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
         log.warning("run %s failed: %s", run_id, exc)
-        for event in frame.error(redact(f"{type(exc).__name__}: {exc}"), _error_code(exc)):
+        for event in frame.error(scrub.mask(redact(f"{type(exc).__name__}: {exc}")), _error_code(exc)):
             yield clock(event)
         return
     if signal is not None and signal.aborted:
@@ -311,10 +295,10 @@ async def _drive(
     signal: AbortSignal | None,
     tools: Sequence[Tool],
     bridge: HostToolBridge | None,
-    journal: JournalOptions | None = None,
-    scrub: _Scrubber | None = None,
+    journal: JournalOptions | None,
+    scrub: EventScrubber,
     file_hooks: Sequence[RunFileHooks] = (),
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     executable = getattr(harness, "executable", None)
     agent_cli: list[str] | None = None
     if isinstance(executable, str) and executable.split():
@@ -326,7 +310,7 @@ async def _drive(
         projection = projection_for(sandbox.workspace, sandbox.workspace_hash())
         # The CLI's own plugin installer is the very executable the run starts, found the same way.
         await project_workspace(handle, projection, harness.name, executable=agent_cli or ("claude",))
-    run = _Run(hctx.thread_id, hctx.run_id)
+    run = _Run(hctx.thread_id, hctx.run_id, scrub)
     own_bridge: HostToolBridge | None = None
     registration: BridgeRegistration | None = None
     # A harness may answer its permission prompts from the policy through the bridge (Claude Code).
@@ -344,14 +328,10 @@ async def _drive(
             emit_custom_event=run.on_bridge_event,
             permission=permission,
         )
-        register_secret_values([registration.token])
-        if scrub is not None:
-            scrub.add([registration.token])
+        scrub.add([registration.token])
         hctx.bridge = BridgeConfig(url=registration.url, token=registration.token)
     plan: HarnessPlan = harness.plan(hctx)
-    register_secret_values(plan.secrets)
-    if scrub is not None:
-        scrub.add(plan.secrets)
+    scrub.add(plan.secrets)
     hooks = FileHookDispatcher(sandbox.hooks, file_hooks, FileHookContext(hctx.run_id, hctx.thread_id))
     watcher: WorkspaceWatcher | None = None
     held: Event | None = None
@@ -543,8 +523,17 @@ async def _pump_journal(
     stderr = ""
     if exit_code != 0:
         with contextlib.suppress(Exception):
-            read = await handle.process.exec(journal_stderr_read_command(paths))
-            stderr = decode_base64_frame(read.stdout).decode("utf-8", "replace")
+            # The tail starts mid-file, maybe inside a key: read one key's length more, mask, then
+            # drop that margin, so no piece of a value cut in half at the window's start survives.
+            margin = run.scrub.longest if run.scrub is not None else 0
+            wanted = DEFAULT_STDERR_TAIL_BYTES + margin
+            read = await handle.process.exec(journal_stderr_read_command(paths, wanted))
+            raw = decode_base64_frame(read.stdout)
+            stderr = raw.decode("utf-8", "replace")
+            if run.scrub is not None:
+                stderr = run.scrub.mask(stderr)
+                if len(raw) >= wanted:
+                    stderr = stderr[margin:]
     with contextlib.suppress(Exception):
         await handle.process.exec(journal_cleanup_command(paths))
     return exit_code, stderr
