@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal, Protocol, TypeAlias, get_args
 
 import msgspec
+import msgspec.inspect
 
 from boxwright._json import SHALLOW_LEN, BoundedDecoder, JsonBoundsError, JsonTooDeepError, decode_json, depth_exceeds
 from boxwright.errors import EventDecodeError
@@ -366,6 +367,31 @@ _raw_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 _canonical_encoder = msgspec.json.Encoder(order="sorted")
 
 
+def _nests_any(info: msgspec.inspect.Type, seen: set[type]) -> bool:
+    """Whether a type holds an ``Any`` anywhere (``raw_event`` and ``metadata`` aside: checked per event)."""
+    if isinstance(info, msgspec.inspect.AnyType):
+        return True
+    if isinstance(info, msgspec.inspect.StructType):
+        if info.cls in seen:
+            return False
+        seen.add(info.cls)
+        return any(_nests_any(f.type, seen) for f in info.fields if f.name not in ("raw_event", "metadata"))
+    inner: list[msgspec.inspect.Type] = []
+    for name in ("item_type", "key_type", "value_type"):
+        if isinstance(getattr(info, name, None), msgspec.inspect.Type):
+            inner.append(getattr(info, name))
+    inner += getattr(info, "types", ()) + getattr(info, "item_types", ())
+    return any(_nests_any(t, seen) for t in inner)
+
+
+# Event types whose fields nest no ``Any``: one decoded with ``raw_event`` and ``metadata`` unset is
+# as shallow as its schema, whatever its text (levels msgspec skips, in unknown fields, are dropped,
+# never kept), so ``decode_event`` skips the depth scan for it: most long events are these.
+_SCHEMA_BOUNDED: frozenset[type] = frozenset(
+    cls for cls in EVENT_TYPES if not _nests_any(msgspec.inspect.type_info(cls), set())
+)
+
+
 def encode_event(event: Event) -> bytes:
     """One event as compact JSON."""
     return _encoder.encode(event)
@@ -379,7 +405,11 @@ def decode_event(data: bytes | str) -> Event:
         raise EventDecodeError(_describe_failure(data, exc)) from None
     except RecursionError:
         raise EventDecodeError(_describe_failure(data, JsonTooDeepError(_decoder.max_depth))) from None
-    if len(data) > SHALLOW_LEN and depth_exceeds(data):
+    if (
+        len(data) > SHALLOW_LEN
+        and (type(event) not in _SCHEMA_BOUNDED or event.raw_event is not None or event.metadata is not None)
+        and depth_exceeds(data)
+    ):
         raise EventDecodeError(_describe_failure(data, JsonTooDeepError(_decoder.max_depth)))
     return event
 

@@ -118,6 +118,12 @@ def test_event_lines_that_are_not_events_raise_event_decode_errors_only() -> Non
             decode_event(line)
     at_limit = decode_event('{"type":"CUSTOM","name":"x","value":' + nested(MAX_JSON_DEPTH - 2) + "}")
     assert isinstance(at_limit, CustomEvent)
+    # A text delta full of brackets is text; the same event carrying deep metadata or raw_event is refused.
+    content = '{"type":"TEXT_MESSAGE_CONTENT","messageId":"m","delta":"' + "[{" * 1000 + '"'
+    assert decode_event(content + "}").delta == "[{" * 1000  # type: ignore[union-attr]
+    for field in ("metadata", "rawEvent"):
+        with pytest.raises(EventDecodeError):
+            decode_event(content + f',"{field}":{{"x":' + nested(MAX_JSON_DEPTH) + "}}")
 
 
 # -- the tool bridge (MCP over HTTP) --------------------------------------------------------------
