@@ -199,13 +199,14 @@ class StreamsApp:
             raise BadRequest("a non-zero Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
         body = await self._body(request)
 
+        # The source first: from the lookup of ``path`` to ``create`` nothing awaits, so two PUTs of one
+        # new path cannot both create it.
+        source = await self.store.get(source_path) if source_path is not None else None
         existing = await self.store.get(path)
         if existing is not None and existing.soft_deleted:
             return _error(409, f"the stream at {path} was deleted but its forks keep it; the path cannot be reused")
 
-        source: Stream | None = None
         if source_path is not None:
-            source = await self.store.get(source_path)
             if existing is None:
                 if source is None:
                     return _error(404, f"the fork source {source_path} does not exist")

@@ -187,6 +187,7 @@ class StreamStore:
         self._closing = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxwright-streams-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self.commits = 0  # transactions written: fewer than changes when group commit merges them
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -413,6 +414,7 @@ class StreamStore:
         # Plain appends may share one executemany per statement; anything else runs in order, alone.
         steps: list[tuple[bool, list[Statement]]] = [(op.grouped, op.statements) for op in batch]
         await self._call(self._write_sync, steps)
+        self.commits += 1
 
     def _write_sync(self, steps: list[tuple[bool, list[Statement]]]) -> None:
         conn = self._connection()
