@@ -3,8 +3,9 @@
 Built with the system's ``libseccomp.so.2`` through ctypes (no pip dependency):
 libseccomp writes the architecture check, maps names to numbers for this
 architecture and exports classic BPF that ``bwrap --seccomp FD`` loads. A
-syscall of a foreign architecture (a 32-bit binary on x86_64, say) kills the
-thread, so the filter cannot be sidestepped through a second syscall table.
+syscall of a foreign architecture (i386 through ``int 0x80`` on x86_64, or the
+x32 numbers) kills the thread, so the filter cannot be sidestepped through a
+second syscall table.
 
 Everything not listed is allowed: the sandbox is a normal Linux userland
 (git, node, python, sh); this filter closes the kernel surfaces an agent never

@@ -415,12 +415,19 @@ def test_the_filter_kills_a_foreign_architecture_syscall(tmp_path):
         "print('returned', ctypes.CFUNCTYPE(ctypes.c_long)(addr)())\n"
     )
 
-    async def inside(handle: Any) -> Any:
-        return await handle.process.exec(_python(code))
+    # The x32 table is the x86_64 one with bit 30 set: the same gap, reached through syscall().
+    x32 = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('returned', libc.syscall(0x40000000 | 165, b'none', b'/tmp', b'tmpfs', 0, None))\n"
+    )
 
-    result = _run(inside, tmp_path)
-    assert "returned" not in result.stdout, result
-    assert result.exit_code == 128 + 31, result  # SIGSYS: the filter's bad-architecture action
+    async def inside(handle: Any) -> list[Any]:
+        return [await handle.process.exec(_python(code)), await handle.process.exec(_python(x32))]
+
+    for result in _run(inside, tmp_path):
+        assert "returned" not in result.stdout, result
+        assert result.exit_code == 128 + 31, result  # SIGSYS: the filter's bad-architecture action
 
 
 def test_the_callers_files_are_the_sandbox_users_and_another_uids_are_not(tmp_path):
