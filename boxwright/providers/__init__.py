@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from .bubblewrap import BubblewrapProvider, bubblewrap_sandbox
+from .bubblewrap import BubblewrapProvider, Posture, bubblewrap_sandbox
 from .local_process import LocalProcessProvider, local_process_sandbox
 
 __all__ = [
     "BubblewrapProvider",
     "LocalProcessProvider",
+    "Posture",
     "bubblewrap_sandbox",
     "local_process_sandbox",
 ]
