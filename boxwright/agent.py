@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from ._faults import fault_point
 from .abort import AbortSignal
 from .auth import AuthMode
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
@@ -514,8 +515,10 @@ async def _pump_journal(
                     continue
                 exit_code = parse_exit_sentinel(entry.line, paths)
                 if exit_code is not None:
+                    fault_point("agent.exit-sentinel")
                     break
                 run.queue.put_nowait(translator.feed(entry.line))
+                fault_point("agent.journal-line")
     finally:
         run.queue.put_nowait(_DONE)
     if exit_code is None:

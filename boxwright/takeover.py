@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from ._faults import fault_point
 from .abort import AbortController, AbortSignal
 from .errors import (
     BoxwrightError,
@@ -291,6 +292,7 @@ async def await_log_quiescence(
     """
     previous = await log.tail(run_id)
     for _ in range(probes):
+        fault_point("takeover.quiet-window")
         await asyncio.sleep(max(quiet_ms, 0) / 1000)
         current = await log.tail(run_id)
         if current == previous:

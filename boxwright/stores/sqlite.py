@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import msgspec
 
+from boxwright._faults import fault_point
 from boxwright.abort import AbortSignal
 from boxwright.config import database_path
 from boxwright.errors import EventLogClosedError, InvalidRunStatusError, StoreClosedError
@@ -693,6 +694,7 @@ class SqliteEventLog:
                 "INSERT INTO run_log_events (log_id, seq, event) VALUES (?, ?, ?)",
                 [(log_id, first + i, blob) for i, blob in enumerate(blobs)],
             )
+            fault_point("log.append")  # inside the transaction: a kill here lands none of the batch
         self._notifier.notify()
         return [format_offset(run_id, seq) for seq in range(first, first + len(blobs))]
 
