@@ -10,7 +10,7 @@ task it owns.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from .errors import AbortError
 
@@ -102,3 +102,22 @@ class AbortController:
 
     def abort(self, reason: object = "aborted") -> None:
         self.signal._abort(reason)
+
+
+async def wait_unless_aborted(work: Awaitable[object], signal: AbortSignal) -> None:
+    """Await ``work`` in this task until it ends or ``signal`` aborts (then it is cancelled, quietly).
+
+    The abort cancels through a cancel scope (``asyncio.timeout`` rescheduled to now): no task per
+    wait, and ``work`` keeps the caller's task, its ContextVars and its scopes.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(None) as scope:
+            remove = signal.add_listener(lambda _reason: scope.reschedule(loop.time()))
+            try:
+                await work
+            finally:
+                remove()
+    except TimeoutError:
+        if not signal.aborted:
+            raise  # not our scope's: the work itself timed out

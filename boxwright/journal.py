@@ -27,13 +27,14 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal, Protocol
 
 import msgspec
 
 from ._json import MAX_AGENT_LINE_BYTES, decode_json
-from .abort import AbortSignal
+from ._pull import Ended, Failed, Puller
+from .abort import AbortSignal, wait_unless_aborted
 from .errors import (
     AbortError,
     AgentProcessExitError,
@@ -521,20 +522,7 @@ async def _abortable_sleep(seconds: float, signal: AbortSignal | None) -> None:
     if signal is None:
         await asyncio.sleep(seconds)
         return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(signal.wait(), seconds)
-
-
-async def _next_chunk(stream: AsyncIterator[str]) -> str | None:
-    try:
-        return await stream.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-def _consume_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+    await wait_unless_aborted(asyncio.sleep(seconds), signal)
 
 
 class _Watch:
@@ -633,20 +621,25 @@ async def _follow(
     except AbortError:
         return
     abort = _AbortWatch(signal)
-    stdout = process.stdout.__aiter__()
     splitter = _LineSplitter(from_byte)
-    pending: asyncio.Future[str | None] | None = None
+    # One task reads the tail's output for the whole follow, on demand: each chunk is a future raced
+    # against the abort and the watch's timers, never a task of its own.
+    chunks: Puller[str] = Puller(process.stdout.__aiter__())
+    reading = asyncio.get_running_loop().create_task(chunks.run(), name=f"boxwright journal follow {paths.journal}")
+    pending: asyncio.Future[str | Ended | Failed] | None = None
     try:
         while True:
             if pending is None:
-                pending = asyncio.ensure_future(_next_chunk(stdout))
+                pending = chunks.next()
             racers: set[asyncio.Future[Any]] = {pending, abort.future}
             done, _ = await asyncio.wait(racers, timeout=watch.next_wake(None), return_when=asyncio.FIRST_COMPLETED)
             if abort.future.done():
                 return
             if pending in done:
                 chunk, pending = pending.result(), None
-                if chunk is None:
+                if isinstance(chunk, Failed):
+                    raise chunk.error
+                if isinstance(chunk, Ended):
                     return  # tail exited (it could not open the journal): a clean end
                 data = chunk.encode("utf-8")
                 if data:
@@ -661,11 +654,11 @@ async def _follow(
                 return
     finally:
         abort.close()
-        if pending is not None:
-            pending.add_done_callback(_consume_outcome)
-            pending.cancel()
+        chunks.stop()
+        reading.cancel()  # a read in flight waits for bytes that may never come
         with contextlib.suppress(Exception):
             await process.kill()
+        await asyncio.wait({reading})
 
 
 async def _poll(

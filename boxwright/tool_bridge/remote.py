@@ -289,11 +289,13 @@ def tool_exec_app(
         try:
             await asyncio.wait((work, hangup), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not work.done():
-                work.cancel()
-            hangup.cancel()
-        if work.cancelled():
-            return
+            for task in (work, hangup):
+                task.cancel()
+            # Awaited, never left to end on their own: a result read before the cancel landed was an
+            # InvalidStateError (a 500 and an ERROR traceback on every container hang-up).
+            await asyncio.wait((work, hangup))
+        if work.cancelled() or not hangup.cancelled():
+            return  # the caller hung up: nobody reads an answer, so none is sent
         status, payload = work.result()
         await _respond(send, status, payload)
 
