@@ -9,6 +9,11 @@ import uvicorn
 from boxwright.config import database_path
 from boxwright.streams.app import StreamsApp, StreamsLimits
 from boxwright.streams.store import StreamStore
+from boxwright.tool_bridge.guard import ServerLimits, guarded_protocol
+
+# Read timeouts and a connection cap like every listener boxwright starts (tool_bridge.guard), with
+# this server's own keep-alive; 1,024 connections leave room for SSE fan-out and long-polls.
+STREAMS_SERVER_LIMITS = ServerLimits(keep_alive_timeout_s=75.0, max_connections=1024)
 
 
 def streams_app(database: str | os.PathLike[str] | None = None, limits: StreamsLimits | None = None) -> StreamsApp:
@@ -29,5 +34,6 @@ def serve_streams(host: str, port: int, *, database: str | None = None, limits: 
         # Longer than clients' idle reuse: with uvicorn's 5 s default, undici reuses a socket just as
         # the server closes it ("other side closed"); Node servers say "Keep-Alive: timeout=5", uvicorn does not.
         timeout_keep_alive=75,
+        http=guarded_protocol(STREAMS_SERVER_LIMITS),
     )
     uvicorn.Server(config).run()

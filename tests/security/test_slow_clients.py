@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from boxwright.tool_bridge import (
     tool_exec_app,
     tool_exec_path,
 )
+from tests.support.streams import streams_server
 
 pytestmark = pytest.mark.integration
 
@@ -237,6 +239,28 @@ def test_an_endless_head_is_answered_431_and_closed() -> None:
             await listener.normal_call()
 
     asyncio.run(main())
+
+
+def test_boxwright_serve_streams_closes_a_slow_head_too(tmp_path: Path) -> None:
+    """``boxwright serve --streams`` (a real process) has the same guard, with its own keep-alive."""
+
+    async def main(url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        started = time.monotonic()
+        sender = asyncio.ensure_future(trickle(writer, reader, b"GET /s HTTP/1.1\r\nhost: x\r\n\r\n", every_s=1.0))
+        try:
+            answer = await read_until_closed(reader, LIMITS.header_timeout_s + SLACK_S)
+        finally:
+            sender.cancel()
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - started >= LIMITS.header_timeout_s - 0.5
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(url + "/no-such-stream")).status_code == 404
+
+    with streams_server(tmp_path / "streams.db") as url:
+        asyncio.run(main(url))
 
 
 # -- too many connections -------------------------------------------------------------------------
