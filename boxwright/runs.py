@@ -427,6 +427,7 @@ class _Pump:
             return True  # unknown: announcing twice is harmless, never announcing is not
 
     async def pump(self, stream: AsyncIterable[Event], signal: AbortSignal | None) -> None:
+        # One long-lived waiter for the abort, raced against each pull: no task per event.
         abort_waiter: asyncio.Future[object] | None = None
         remove_listener: Callable[[], None] = lambda: None  # noqa: E731
         if signal is not None:
@@ -441,57 +442,68 @@ class _Pump:
         iterator: AsyncIterator[Event] | None = None
         try:
             iterator = aiter(stream)
-            while not self.stopped:
-                if signal is not None and signal.aborted:
-                    self.note_abort(signal.reason)
-                    break
+            # Every step of the stream, and its close, runs in this one task: a ContextVar or a cancel
+            # scope the producer holds across a ``yield`` stays in its task (a task per pull broke both).
+            puller: Puller[Event] = Puller(iterator)
+            async with asyncio.TaskGroup() as tasks:
+                pulling = tasks.create_task(puller.run(), name=f"boxwright pull {self.run_id!r}")
                 try:
-                    event = await self.next_event(iterator, abort_waiter)
-                except StopAsyncIteration:
-                    break
-                except _Aborted:
-                    assert signal is not None
-                    self.note_abort(signal.reason)
-                    break
-                if not isinstance(event, EVENT_TYPES):
-                    message = f"the event stream yielded a {type(event).__name__}, not an AG-UI event"
-                    self.note_failure(RunError(message=message, code="invalid-event"))
-                    break
-                self.observe(event)
-                self.buffer.append(event)
-                if len(self.buffer) >= DURABILITY_BATCH or event.type in FLUSH_EVENT_TYPES:
-                    await self.flush()
+                    await self.pull_all(puller, signal, abort_waiter)
+                finally:
+                    if abort_waiter is not None and abort_waiter.done():
+                        pulling.cancel()  # an abort interrupts the pull in flight, as it always did
+                    puller.stop()
         except Exception as exc:
             self.note_failure(RunError(message=_describe(exc), code=_error_code(exc)))
         finally:
             remove_listener()
             if iterator is not None:
-                await _close_stream(iterator, self)
+                await _close_stream(iterator, self)  # a no-op once the puller closed it
         # Events already pulled from the stream are kept, whatever ended it.
         await self.flush()
 
-    async def next_event(self, iterator: AsyncIterator[Event], abort_waiter: asyncio.Future[object] | None) -> Event:
-        pending = asyncio.ensure_future(iterator.__anext__())
-        try:
-            if self.buffer and not pending.done():
-                await asyncio.sleep(0)  # one step for the producer: is its next event already there?
-                if not pending.done():
-                    # The producer is about to wait: deliver what it gave so far instead of holding it back.
-                    await self.flush()
-            if abort_waiter is None:
-                return await pending
-            racers: set[asyncio.Future[Any]] = {pending, abort_waiter}
-            await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-            if pending.done() and not pending.cancelled() and pending.exception() is None:
-                return pending.result()  # pulled before (or with) the abort: kept; the loop then stops
-            if abort_waiter.done():
-                raise _Aborted
-            return pending.result()
-        finally:
+    async def pull_all(
+        self, puller: Puller[Event], signal: AbortSignal | None, abort_waiter: asyncio.Future[object] | None
+    ) -> None:
+        while not self.stopped:
+            if signal is not None and signal.aborted:
+                self.note_abort(signal.reason)
+                return
+            try:
+                event = await self.next_event(puller, abort_waiter)
+            except StopAsyncIteration:
+                return
+            except _Aborted:
+                assert signal is not None
+                self.note_abort(signal.reason)
+                return
+            if not isinstance(event, EVENT_TYPES):
+                message = f"the event stream yielded a {type(event).__name__}, not an AG-UI event"
+                self.note_failure(RunError(message=message, code="invalid-event"))
+                return
+            self.observe(event)
+            self.buffer.append(event)
+            if len(self.buffer) >= DURABILITY_BATCH or event.type in FLUSH_EVENT_TYPES:
+                await self.flush()
+
+    async def next_event(self, puller: Puller[Event], abort_waiter: asyncio.Future[object] | None) -> Event:
+        pending = puller.next()
+        if self.buffer and not pending.done():
+            await asyncio.sleep(0)  # one step for the producer: is its next event already there?
             if not pending.done():
-                pending.cancel()
-                # wait() rather than await: the producer's own end must not raise here, our cancellation must.
-                await asyncio.wait({pending})
+                # The producer is about to wait: deliver what it gave so far instead of holding it back.
+                await self.flush()
+        if abort_waiter is not None and not pending.done():
+            # Both are plain futures: the race creates no task.
+            await asyncio.wait({pending, abort_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not pending.done():
+                raise _Aborted
+        item = await pending  # pulled before (or with) the abort: kept; the loop then stops
+        if isinstance(item, Ended):
+            raise StopAsyncIteration
+        if isinstance(item, Failed):
+            raise item.error
+        return item
 
     def observe(self, event: Event) -> None:
         if isinstance(event, RunErrorEvent):
