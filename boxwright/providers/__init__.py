@@ -8,8 +8,10 @@ from .local_process import LocalProcessProvider, local_process_sandbox
 
 __all__ = [
     "BubblewrapProvider",
+    "DockerProvider",
     "LocalProcessProvider",
     "Posture",
     "bubblewrap_sandbox",
+    "docker_sandbox",
     "local_process_sandbox",
 ]

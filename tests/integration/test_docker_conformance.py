@@ -1,0 +1,14 @@
+"""The provider conformance suite (contract and journal cases) against Docker, on the debootstrap base image."""
+
+from __future__ import annotations
+
+import pytest
+
+from boxwright.testkit import provider_contract_suite
+from boxwright.testkit.journal import journal_conformance_suite
+from tests.support.docker import docker_config
+
+pytestmark = pytest.mark.integration
+
+TestDockerContract = provider_contract_suite(docker_config())
+TestDockerJournal = journal_conformance_suite(docker_config(), heartbeat_settle_s=1.5, heartbeat_freeze_s=2.0)
