@@ -71,7 +71,10 @@ class App:
         if fault is not None:
             env["BOXWRIGHT_FAULT"] = fault
         argv = [sys.executable, "-m", "tests.e2e.chaos_app", "--db", str(tmp / "chaos.db")]
-        argv += ["--base-dir", str(tmp / "sandboxes"), "--claude", claude, "--home", str(tmp / "home")]
+        # A home of its own: concurrent claude processes sharing one ~/.claude.json may clobber it.
+        home = tmp / f"home-{name}"
+        home.mkdir(exist_ok=True)
+        argv += ["--base-dir", str(tmp / "sandboxes"), "--claude", claude, "--home", str(home)]
         argv += ["--lease-ms", str(lease_ms)]
         with open(self.log_path, "ab") as stderr:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=ROOT)
@@ -98,6 +101,13 @@ class App:
             assert self.proc.poll() is None, f"{self.name} exited ({self.proc.returncode}) instead of stopping"
             assert time.monotonic() < deadline, f"{self.name} never reached its stop point (see {self.log_path})"
             time.sleep(0.02)
+
+    def faulted(self) -> str | None:
+        """The point where ``BOXWRIGHT_FAULT`` struck this process (``<name> pass <n>``), from its log."""
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("boxwright fault: "):
+                return line.removeprefix("boxwright fault: ").rpartition(":")[0]
+        return None
 
     def wait_dead(self, timeout: float) -> int:
         """Wait for the process to end (a fault point killed it); returns its return code."""
@@ -143,7 +153,7 @@ def sse(
     with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(timeout, connect=10)) as response:
         assert response.status_code == 200, response.read()
         msg_id: str | None = None
-        kind, data = "message", []
+        kind, data = "message", list[str]()
         for line in response.iter_lines():
             if line.startswith(":"):
                 continue
@@ -155,7 +165,7 @@ def sse(
                     seen += 1
                     if stop_after is not None and seen >= stop_after:
                         return
-                msg_id, kind, data = None, "message", []
+                msg_id, kind, data = None, "message", list[str]()
                 continue
             name, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
@@ -311,3 +321,15 @@ def first_difference(got: list[Any], want: list[Any]) -> str:
         if g != w:
             return f"event {i}: got {json.dumps(g)[:600]}\n  want {json.dumps(w)[:600]}"
     return f"lengths {len(got)} vs {len(want)}; extra: {json.dumps((got[len(want) :] or want[len(got) :])[:3])[:600]}"
+
+
+def tail(url: str, *, last_id: str | None = None, read_timeout: float = 90) -> list[Message]:
+    """What a client gets from ``url`` before the status message, the server's death, or ``read_timeout`` of
+    silence (a stopped server sends nothing and closes nothing), whichever comes first."""
+    got: list[Message] = []
+    try:
+        for message in sse(url, last_id=last_id, timeout=read_timeout):
+            got.append(message)
+    except httpx.TransportError:
+        pass  # the connection died with its server, or went silent: the client drops it
+    return got
