@@ -29,7 +29,6 @@ class Check(msgspec.Struct):
 
 # Names a user of other sandbox libraries looks for: listed so that doctor says plainly they are not here yet.
 NOT_SUPPORTED_YET = (
-    ("provider", "docker"),
     ("provider", "e2b"),
     ("agent-cli", "codex"),
     ("agent-cli", "opencode"),
@@ -97,11 +96,19 @@ def doctor_checks() -> list[Check]:
             if bwrap.available
             else bwrap.reason,
         ),
+        *_docker_checks(),
         _cli_check("claude-code", "claude", "@anthropic-ai/claude-code"),
         _claude_auth_check(),
         *(Check(kind, name, False, NOT_SUPPORTED) for kind, name in NOT_SUPPORTED_YET),
     ]
     return checks
+
+
+def _docker_checks() -> list[Check]:
+    """Whether a Docker engine answers, and whether the runner image is built (never pulled)."""
+    from .docker_doctor import docker_checks
+
+    return [Check(kind, name, ok, detail) for kind, name, ok, detail in docker_checks()]
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -192,14 +199,19 @@ def _harness(spec: str, model: str | None) -> Any:
     raise SystemExit(f"--harness takes claude-code or command:<shell command>, got {spec!r}")
 
 
-def _provider(name: str) -> Any:
-    from .providers import bubblewrap_sandbox, local_process_sandbox
+def _provider(name: str, image: str | None = None) -> Any:
+    from .providers import bubblewrap_sandbox, docker_sandbox, local_process_sandbox
+
+    if name == "docker":
+        from .docker_doctor import RUNNER_IMAGE
+
+        return docker_sandbox(image or RUNNER_IMAGE)
 
     if name == "local":
         return local_process_sandbox()
     if name == "bubblewrap":
         return bubblewrap_sandbox()
-    raise SystemExit(f"--provider takes local or bubblewrap, got {name!r}")
+    raise SystemExit(f"--provider takes local, bubblewrap or docker, got {name!r}")
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -213,7 +225,7 @@ async def _run(args: argparse.Namespace) -> int:
     workspace = _workspace(args.repo)
     # No binds of its own: run_agent shows bubblewrap the agent CLI the PATH finds and the workspace
     # shows it a local repository, so a script calling run_agent gets what the command gets.
-    sandbox = define_sandbox("cli", _provider(args.provider), workspace)
+    sandbox = define_sandbox("cli", _provider(args.provider, args.image), workspace)
     tools = _load_tools(args.tools) if args.tools else None
     thread_id = args.thread or _fresh_thread_id()
     if not args.thread:
@@ -352,6 +364,28 @@ def _add_serve(sub: Any) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
+def cmd_reap(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .docker_reap import reap_docker
+    from .errors import ProviderUnavailableError
+
+    try:
+        found = asyncio.run(reap_docker(dry_run=not args.yes))
+    except ProviderUnavailableError as exc:
+        _usage_error(str(exc))
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode(found) + b"\n")
+    else:
+        verb = "removed" if args.yes else "would remove (pass --yes)"
+        for c in found:
+            state = f"error: {c.error}" if c.error else verb
+            print(f"{c.id[:12]}  {c.reason:13s}  run={c.run or '-'}  owner={c.owner or '-'}  {state}")
+        if not found:
+            print("no boxwright container to reap")
+    return 1 if any(c.error for c in found) else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="boxwright", description="Run coding agents in sandboxes.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -362,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = sub.add_parser("run", help="run an agent on a prompt in a sandbox and show its work live")
     run.add_argument("prompt")
     run.add_argument("--repo", help="a git URL, a git repository or a directory to work in")
-    run.add_argument("--provider", default="local", help="local (default) or bubblewrap")
+    run.add_argument("--provider", default="local", help="local (default), bubblewrap or docker")
+    run.add_argument("--image", default=None, help="the Docker image (--provider docker; default: the runner image)")
     run.add_argument("--harness", default="claude-code", help="claude-code (default) or command:<shell command>")
     run.add_argument("--model", help="the model the agent uses")
     run.add_argument("--tools", help="MODULE:ATTR: Python tools to bridge to the agent")
@@ -398,6 +433,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.add_argument("-v", "--verbose", action="store_true", help="also list what stays, and why")
     gc.add_argument("--json", action="store_true", help="print the result as JSON")
     gc.set_defaults(func=cmd_gc)
+    reap = sub.add_parser("reap", help="remove boxwright's Docker containers whose lease expired or run ended")
+    reap.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
+    reap.add_argument("--json", action="store_true", help="print the result as JSON")
+    reap.set_defaults(func=cmd_reap)
     _add_serve(sub)
     args = parser.parse_args(argv)
     result: int = args.func(args)

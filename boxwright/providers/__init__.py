@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .bubblewrap import BubblewrapProvider, Posture, bubblewrap_sandbox
+from .docker import DockerProvider, docker_sandbox
 from .local_process import LocalProcessProvider, local_process_sandbox
 
 __all__ = [

@@ -65,7 +65,8 @@ cp "$(readlink -f "$(command -v node)")" "$ctx/node"
 mkdir "$ctx/agents" && cp -a "$AGENTS/." "$ctx/agents/"
 # boxwright's wheel plus its dependencies' wheels, from the host's pip configuration (its index or cache): the
 # image build itself is offline.
-"$PY" -m pip wheel -q --no-deps "$repo" -w "$ctx/wheels" >/dev/null
-"$PY" -m pip wheel -q "$repo" -w "$ctx/wheels" >/dev/null
-docker build -q --build-arg BASE="$BASE" --build-arg CONTENT_HASH="$runner_hash" -t "$IMAGE" "$ctx" >/dev/null
+"$PY" -m pip wheel -q "$repo" -w "$ctx/wheels" >/tmp/boxwright-pip.log 2>&1 \
+  || { say "pip wheel failed: see /tmp/boxwright-pip.log"; exit 1; }
+DOCKER_BUILDKIT=0 docker build -q --build-arg BASE="$BASE" --build-arg CONTENT_HASH="$runner_hash" -t "$IMAGE" "$ctx" \
+  >/tmp/boxwright-docker-build.log 2>&1 || { say "docker build failed: see /tmp/boxwright-docker-build.log"; exit 1; }
 say "runner $IMAGE built in $(( $(date +%s) - t0 )) s, $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"

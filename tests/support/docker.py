@@ -5,7 +5,11 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import time
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from boxwright.testkit import ProviderSuiteConfig, RecordingLogger
 
@@ -67,6 +71,35 @@ def docker_config(image: str = BASE_IMAGE, **extra: Any) -> ProviderSuiteConfig:
 def labelled_containers(label: str = TEST_LABEL) -> list[str]:
     """Ids of containers (running or not) that carry ``label``."""
     run = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True, timeout=30
+        ["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={label}"], capture_output=True, text=True, timeout=30
     )
     return run.stdout.split()
+
+
+def bridge_address() -> str:
+    """The host's address on the Docker bridge (docker0): a test server a container dials binds here, never 0.0.0.0."""
+    from boxwright.tool_bridge.asgi import bind_address_for
+
+    return bind_address_for("docker")
+
+
+def repo_setup() -> list[str]:
+    """Workspace setup commands making a one-commit git repository with README.md = "hello"."""
+    return [
+        "git init -q -b main",
+        "git config user.email t@example.com && git config user.name t",
+        "printf 'hello\\n' > README.md && git add . && git commit -q -m init",
+    ]
+
+
+@pytest.fixture(scope="module")
+def no_leaked_containers() -> Iterator[None]:
+    """After a module's tests, no container with the tests' label is left (use it with ``usefixtures``)."""
+    yield
+    if engine_problem() is None:
+        deadline = time.monotonic() + 10
+        while (left := labelled_containers()) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a destroy under way in a thread that just returned
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
+        assert left == [], f"containers left behind by the tests: {left}"
