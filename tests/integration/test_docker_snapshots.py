@@ -41,9 +41,10 @@ def test_committed_snapshot_holds_no_secret_and_restores() -> None:
             await handle.process.exec('printf %s "${#API_TOKEN}" > token-length.txt')
             await handle.process.exec("printf after-setup > state.txt", ProcessOptions(env={"OTHER": SECRET}))
             ref = await handle.snapshot("after-setup")
-            container = subprocess.run(
-                ["docker", "inspect", handle.id], capture_output=True, text=True, check=True
-            ).stdout
+            inspected = await asyncio.to_thread(
+                subprocess.run, ["docker", "inspect", handle.id], capture_output=True, text=True, check=True
+            )
+            container = inspected.stdout
             restored = await provider._restore(RestoreInput(snapshot_id=ref.id, env={"API_TOKEN": SECRET}))
             assert await restored.fs.read("/workspace/state.txt") == "after-setup"
             assert (await restored.process.exec('printf %s "$API_TOKEN"')).stdout == SECRET, "restore re-applies env"
