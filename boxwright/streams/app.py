@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -42,6 +43,7 @@ from boxwright.streams.protocol import (
     sse_is_text,
     valid_media_type,
 )
+from boxwright.streams.runlog import RunStreams
 from boxwright.streams.store import UPSERT_PRODUCER, Producer, Stream, StreamStore
 
 log = logging.getLogger("boxwright.streams")
@@ -50,6 +52,7 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 DEFAULT_READ_CHUNK = 8 * 1024 * 1024
 DEFAULT_LONG_POLL_S = 20.0
 DEFAULT_SSE_MAX_AGE_S = 60.0
+_RUN_STREAM = re.compile(r"/runs/([^/]+)/stream")
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,19 @@ def _etag(stream: Stream, start: int, end: int, closed: bool) -> str:
 
 
 class StreamsApp:
-    def __init__(self, store: StreamStore, limits: StreamsLimits | None = None) -> None:
+    def __init__(
+        self,
+        store: StreamStore,
+        limits: StreamsLimits | None = None,
+        *,
+        run_streams: RunStreams | None = None,
+        on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.store = store
         self.limits = limits or StreamsLimits()
+        # With a run backend, /runs/{id}/stream is that run's read-only log, not a stream of the store.
+        self.run_streams = run_streams
+        self._on_shutdown = on_shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -117,6 +130,8 @@ class StreamsApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.store.close()
+                if self._on_shutdown is not None:
+                    await self._on_shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -144,6 +159,10 @@ class StreamsApp:
         if "/__ds/" in path + "/" or path.startswith("__ds"):
             # The reserved subscription namespace (protocol §6-7): not implemented, and never a stream name.
             return _error(404, "the __ds namespace is reserved for subscription APIs, which this server does not offer")
+        if self.run_streams is not None:
+            run = _RUN_STREAM.fullmatch(path)
+            if run is not None:
+                return await self.run_streams.response(request, run[1])
         if method == "PUT":
             return await self.put(request, path)
         if method == "POST":

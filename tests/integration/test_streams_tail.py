@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.streams import delta_script, run_stack, scratch_project, streams_npm
+from tests.support.streams import delta_script, run_stack, scratch_project, streams_npm, streams_server
 
 DELTAS = 40
 GAP_S = 0.05
@@ -90,5 +90,37 @@ def test_a_live_run_tailed_from_mid_run_by_the_typescript_and_python_clients(tmp
                 head = await http.head(url)
                 assert head.headers["stream-closed"] == "true"
                 assert head.headers["stream-next-offset"] == offsets[-1]
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(180)
+def test_boxwright_serve_streams_tails_a_run_driven_by_another_process(tmp_path: Path) -> None:
+    node_modules = streams_npm()
+    project = scratch_project(tmp_path, node_modules, "tail.mjs")
+
+    async def main() -> None:
+        async with run_stack(tmp_path) as stack:
+            with streams_server(tmp_path / "runs.db") as served:  # the same SQLite file, another process
+                run_id = await stack.start(delta_script(DELTAS, GAP_S))
+                url = f"{served}/runs/{run_id}/stream"
+                async with httpx.AsyncClient(timeout=10) as http:
+                    for _ in range(400):
+                        first = await http.get(url, params={"offset": "-1"})
+                        if first.status_code == 200 and len(first.json()) >= 5:
+                            break
+                        await asyncio.sleep(0.02)
+                    assert first.status_code == 200, first.text
+                    assert "stream-closed" not in first.headers
+                    offset = first.headers["stream-next-offset"]
+                    seen = await _ts_tail(project, node_modules, url, offset, "sse")
+                    assert (await http.put(url, headers={"content-type": "application/json"})).status_code == 405
+                    unknown = await http.get(f"{served}/runs/no-such-run/stream", params={"offset": "-1"})
+                    assert unknown.status_code == 404
+                stored = await stack.stored(run_id)
+                offsets = [o for o, _ in stored]
+                after = [json.loads(blob) for _, blob in stored[offsets.index(offset) + 1 :]]
+                assert len(after) > DELTAS // 2
+                assert seen == after
 
     asyncio.run(main())
