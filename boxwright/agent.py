@@ -108,6 +108,43 @@ async def _remove_files(handle: SandboxHandle, files: Sequence[str], cwd: str) -
             await handle.process.exec("rm -f " + " ".join(quote(p) for p in files), ProcessOptions(cwd=cwd))
 
 
+class JournalCleanup:
+    """The removal of one run's journal, handed by ``run_agent`` to whoever writes the run's end.
+
+    ``run_agent`` never removes a journal at the exit sentinel: the events after it (the diff,
+    the last file events, RUN_FINISHED) are not in the log yet, and a driver dying there would
+    leave a successor nothing to replay. Given one of these (``JournalOptions(cleanup=...)``),
+    it only arms it at the sentinel; the driver calls it (``await cleanup(record)``, the shape of
+    ``pipe_to_run_log``'s ``after_terminal``) once the terminal record is durably written at
+    its epoch. Unarmed (the agent's end was never read) it does nothing.
+    """
+
+    __slots__ = ("_target",)
+
+    def __init__(self) -> None:
+        self._target: tuple[SandboxHandle, JournalPaths] | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self._target is not None
+
+    def arm(self, handle: SandboxHandle, paths: JournalPaths) -> None:
+        self._target = (handle, paths)
+
+    async def __call__(self, _record: object = None) -> bool:
+        """Remove the journal and its stderr sidecar; ``True`` iff that ran and succeeded. Never raises."""
+        target, self._target = self._target, None
+        if target is None:
+            return False
+        handle, paths = target
+        try:
+            result = await handle.process.exec(journal_cleanup_command(paths))
+        except Exception as exc:
+            log.warning("could not remove the journal %s: %s", paths.journal, exc)
+            return False
+        return result.exit_code == 0
+
+
 @dataclass(frozen=True)
 class JournalOptions:
     """Run the agent journaled, so the run outlives this process (see ``boxwright.journal``).
@@ -116,9 +153,13 @@ class JournalOptions:
     sandbox); ``attach=True`` starts nothing and re-reads the journal of a run another driver
     started, from byte 0, translating it again (``boxwright.takeover`` drops what is stored).
     ``dir`` None asks the sandbox (``journal_dir_of``): each sandbox's journals are its own.
+    ``cleanup``: see ``JournalCleanup``. Without one, a fresh run removes its journal after its
+    terminal event was delivered, and an attaching reader never removes it (the reaper's
+    ``prune_journals`` does).
     """
 
     dir: str | None = None
+    cleanup: JournalCleanup | None = None
     attach: bool = False
     runs: RunLookup | None = None
     first_byte_timeout_ms: float | None = DEFAULT_FIRST_BYTE_TIMEOUT_MS
@@ -239,7 +280,18 @@ async def run_agent(
             if sandbox.workspace is not None:
                 scrub.add(resolve_all_secrets(sandbox.workspace.secrets).values())
             drive = _drive(
-                sandbox, scope.handle, harness, hctx, frame, signal, declared, bridge, journal, scrub, file_hooks
+                sandbox,
+                scope.handle,
+                harness,
+                hctx,
+                frame,
+                signal,
+                declared,
+                bridge,
+                journal,
+                scrub,
+                file_hooks,
+                owns=lambda: not _superseded(durability),
             )
             with secrets:
                 async with contextlib.aclosing(drive):
@@ -255,7 +307,7 @@ async def run_agent(
             yield clock(event)
         return
     if signal is not None and signal.aborted:
-        if scope.ending == "detached":
+        if scope.ending in ("detached", "superseded"):
             return  # the agent goes on in its sandbox; a later driver reports how it ends
         # Coded so a run log records ``aborted``, never ``failed``: a stop is not a failure.
         if signal.reason == CANCEL_REASON:
@@ -287,6 +339,15 @@ def _error_code(exc: BaseException) -> str:
     return getattr(exc, "code", None) or type(exc).__name__
 
 
+def _superseded(durability: RunDurability | None) -> bool:
+    # A record-backed durability knows when another driver took the run over (its claim latched):
+    # from then on this drive touches nothing in the sandbox the successor now owns.
+    try:
+        return bool(getattr(durability, "superseded", False))
+    except Exception:
+        return False
+
+
 async def _drive(
     sandbox: SandboxDefinition,
     handle: SandboxHandle,
@@ -299,6 +360,7 @@ async def _drive(
     journal: JournalOptions | None,
     scrub: EventScrubber,
     file_hooks: Sequence[RunFileHooks] = (),
+    owns: Callable[[], bool] = lambda: True,
 ) -> AsyncGenerator[Event, None]:
     executable = getattr(harness, "executable", None)
     agent_cli: list[str] | None = None
@@ -348,13 +410,15 @@ async def _drive(
         if watcher is not None:
             with contextlib.suppress(Exception):
                 await watcher.stop()
-        await _remove_files(handle, list(plan.files), hctx.cwd)
+        if owns():
+            await _remove_files(handle, list(plan.files), hctx.cwd)
         if registration is not None:
             registration.close()
         if own_bridge is not None:
             await own_bridge.close()
 
     ended = False  # the agent's end was read: teardown may wait until the terminal event is out
+    remove_journal: JournalPaths | None = None  # removed by this drive once its terminal event is out
     try:
         await _write_files(handle, plan.files, hctx.cwd)
         if sandbox.file_events:
@@ -394,6 +458,8 @@ async def _drive(
             if journal_exit is None:
                 return  # the read was stopped (cancel or detach): the agent's end is not ours to report
             exit_code = journal_exit
+            if journal is not None and journal.cleanup is None and not journal.attach:
+                remove_journal = paths
         else:
             assert process is not None
             exit_code = await process.wait()
@@ -429,6 +495,10 @@ async def _drive(
         else:
             for event in frame.finish():
                 yield event
+        if remove_journal is not None and owns():
+            # A journaled run without a record: its end is the terminal event its consumer now has.
+            with contextlib.suppress(Exception):
+                await handle.process.exec(journal_cleanup_command(remove_journal))
     finally:
         # After the terminal event: its consumer need not wait for the last kill, the watch
         # task's end or the bridge's close, which change nothing it is told.
@@ -537,8 +607,9 @@ async def _pump_journal(
                 stderr = run.scrub.mask(stderr)
                 if len(raw) >= wanted:
                     stderr = stderr[margin:]
-    with contextlib.suppress(Exception):
-        await handle.process.exec(journal_cleanup_command(paths))
+    if options.cleanup is not None:
+        # Not removed here: the run's last events are not in its log yet (see JournalCleanup).
+        options.cleanup.arm(handle, paths)
     return exit_code, stderr
 
 

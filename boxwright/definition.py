@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 import msgspec
 
 from .abort import AbortSignal
+from .errors import EpochFencedError
 from .file_hooks import FileHook
 from .policy import SandboxPolicy, network_policy_for
 from .sandbox import CreateInput, DestroyInput, RestoreInput, ResumeInput, SandboxHandle, SandboxProvider
@@ -364,13 +365,20 @@ def define_sandbox(
 
 
 class RunDurability(Protocol):
-    """What a durable run record offers the sandbox lifecycle (the run store implements it)."""
+    """What a durable run record offers the sandbox lifecycle (the run store implements it).
+
+    ``stamp_detached`` raising ``EpochFencedError`` means another driver owns the run now: the
+    sandbox is then neither stamped nor destroyed. An implementation may also offer
+    ``async holds_run() -> bool`` (feature-detected): ``False`` means superseded, and this
+    driver destroys nothing.
+    """
 
     async def cancel_requested(self) -> bool: ...
     async def stamp_detached(self, sandbox_key: str) -> None: ...
 
 
-Ending = Literal["completed", "error", "aborted", "detached"]
+# "superseded": another driver took the run over; its sandbox is the successor's, left untouched.
+Ending = Literal["completed", "error", "aborted", "detached", "superseded"]
 
 
 class SandboxRun:
@@ -458,7 +466,7 @@ async def with_sandbox(
             with contextlib.suppress(Exception):
                 await _maybe_await(definition.hooks.on_error(exc))
         if definition.lifecycle.destroy_on_complete:
-            await _detached(run.destroy())
+            await _detached(_destroy_if_held(run, durability))
         raise
     else:
         if ctx.signal is not None and ctx.signal.aborted:
@@ -475,7 +483,26 @@ async def with_sandbox(
                         await ctx.store.upsert(msgspec.structs.replace(record, latest_snapshot_id=ref.id))
         finally:
             if definition.lifecycle.destroy_on_complete:
-                await _detached(run.destroy())
+                await _detached(_destroy_if_held(run, durability))
+
+
+async def _holds_run(durability: RunDurability | None) -> bool:
+    """Whether this driver still owns the run (no durability, or one that cannot tell: yes)."""
+    holds = getattr(durability, "holds_run", None)
+    if holds is None:
+        return True
+    try:
+        return bool(await holds())
+    except Exception:
+        return True
+
+
+async def _destroy_if_held(run: SandboxRun, durability: RunDurability | None) -> None:
+    if not await _holds_run(durability):
+        run.ending = "superseded"
+        log.info("run %s was taken over by another driver: its sandbox is left to it", run.ctx.run_id)
+        return
+    await run.destroy()
 
 
 async def _abort_teardown(run: SandboxRun, durability: RunDurability | None, detach: bool) -> None:
@@ -490,13 +517,18 @@ async def _abort_teardown(run: SandboxRun, durability: RunDurability | None, det
         if not cancelled and reason != CANCEL_REASON:
             try:
                 await durability.stamp_detached(run.key)
+            except EpochFencedError as exc:
+                # Superseded: the successor owns the record and the sandbox; touch neither.
+                run.ending = "superseded"
+                log.info("run %s: not detached, another driver owns it now (%s)", run.ctx.run_id, exc)
+                return
             except Exception:
                 log.warning("could not record the detach of run %s; destroying its sandbox", run.ctx.run_id)
             else:
                 run.ending = "detached"
                 return
     with contextlib.suppress(Exception):
-        await run.destroy()
+        await _destroy_if_held(run, durability)
 
 
 CANCEL_REASON = "boxwright:cancel-requested"

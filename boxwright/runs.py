@@ -44,7 +44,7 @@ import functools
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeAlias, TypeGuard, get_args, runtime_checkable
 
@@ -585,7 +585,11 @@ class _Pump:
         else:
             self.last_type = "RUN_ERROR"
 
-    async def finish(self, detached: Callable[[], bool] | None = None) -> RunRecord:
+    async def finish(
+        self,
+        detached: Callable[[], bool] | None = None,
+        after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
+    ) -> RunRecord:
         """Flush, append a closing RUN_ERROR after an early end, write the status, close the log.
 
         A run that ended by abort and whose sandbox detached (``detached()`` answers after the
@@ -646,6 +650,13 @@ class _Pump:
             await self.events.close(self.run_id)
         except Exception as exc:
             _log(self.logger, logging.ERROR, "run %r: could not close its event log: %s", self.run_id, exc)
+        if record is not None and is_terminal_status(record.status) and after_terminal is not None:
+            # Only once the terminal record is durably written (and not suppressed): what follows the
+            # end, such as removing the journal a successor would replay, must never come before it.
+            try:
+                await after_terminal(record)
+            except Exception as exc:
+                _log(self.logger, logging.WARNING, "run %r: its after-terminal step failed: %s", self.run_id, exc)
         return record if record is not None else local
 
     async def reread(self, fallback: RunRecord) -> RunRecord:
@@ -683,6 +694,7 @@ async def pipe_to_run_log(
     *,
     logger: logging.Logger | None = None,
     detached: Callable[[], bool] | None = None,
+    after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
 ) -> RunRecord:
     """Drive ``stream`` into ``run_id``'s log and record; returns the final record and never raises.
 
@@ -702,6 +714,8 @@ async def pipe_to_run_log(
       write returns a record rebuilt locally. With ``epoch``, a driver found superseded (by the
       log or the record) stops at once: no RUN_ERROR, no status, no close, since the successor
       owns the run; it returns the stored record.
+    - ``after_terminal(record)`` runs after a terminal status was written (never when it was
+      suppressed or failed), e.g. to remove the run's journal; its error is logged.
     - Cancelling the calling task finishes the run ``aborted`` (shielded), then re-raises.
     """
     pump = _Pump(runs, events, run_id, thread_id, epoch, logger or log)
@@ -709,16 +723,19 @@ async def pipe_to_run_log(
         await pump.run(stream, signal)
     except asyncio.CancelledError:
         pump.note_abort("the task driving the run was cancelled")
-        await asyncio.shield(_finish_after_close(pump, stream, detached))
+        await asyncio.shield(_finish_after_close(pump, stream, detached, after_terminal))
         raise
     except Exception as exc:  # pragma: no cover - run() guards every call; this keeps the promise regardless
         pump.note_failure(RunError(message=_describe(exc)))
     # Shielded: a cancellation arriving now must not leave the status unwritten or the log open.
-    return await asyncio.shield(_finish_after_close(pump, stream, detached))
+    return await asyncio.shield(_finish_after_close(pump, stream, detached, after_terminal))
 
 
 async def _finish_after_close(
-    pump: _Pump, stream: AsyncIterable[Event], detached: Callable[[], bool] | None
+    pump: _Pump,
+    stream: AsyncIterable[Event],
+    detached: Callable[[], bool] | None,
+    after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
 ) -> RunRecord:
     # The detach verdict is published by the stream's own teardown (the sandbox lifecycle): close the
     # stream first, so the verdict is read after it ran, never before (R39).
@@ -727,7 +744,7 @@ async def _finish_after_close(
         if aclose is not None:
             with contextlib.suppress(Exception):
                 await aclose()
-    return await pump.finish(detached)
+    return await pump.finish(detached, after_terminal)
 
 
 def _verdict(detached: Callable[[], bool]) -> bool:
@@ -776,8 +793,9 @@ class RunController:
         signal: AbortSignal | None = None,
         epoch: int | None = None,
         detached: Callable[[], bool] | None = None,
+        after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
     ) -> RunHandle:
-        """Begin driving ``run_id`` and return at once (``detached``: see ``pipe_to_run_log``).
+        """Begin driving ``run_id`` and return at once (``detached``, ``after_terminal``: see ``pipe_to_run_log``).
 
         ``stream`` is the run's events, or a factory called once, inside the run's task, with
         ``run_id`` (a raising factory fails the run like a raising stream). Raises
@@ -788,7 +806,8 @@ class RunController:
         controller = AbortController()
         combined = AbortSignal.any([signal, controller.signal]) if signal is not None else controller.signal
         task = asyncio.get_running_loop().create_task(
-            self._drive(stream, run_id, thread_id, combined, epoch, detached), name=f"boxwright run {run_id!r}"
+            self._drive(stream, run_id, thread_id, combined, epoch, detached, after_terminal),
+            name=f"boxwright run {run_id!r}",
         )
         self._active[run_id] = (task, controller)
         task.add_done_callback(functools.partial(self._forget, run_id))
@@ -802,6 +821,7 @@ class RunController:
         signal: AbortSignal,
         epoch: int | None,
         detached: Callable[[], bool] | None = None,
+        after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
     ) -> RunRecord:
         source: AsyncIterable[Event]
         if isinstance(stream, AsyncIterable):
@@ -812,7 +832,16 @@ class RunController:
             except Exception as exc:
                 source = _raising(exc)
         return await pipe_to_run_log(
-            source, self._runs, self._events, run_id, thread_id, signal, epoch, logger=self._logger, detached=detached
+            source,
+            self._runs,
+            self._events,
+            run_id,
+            thread_id,
+            signal,
+            epoch,
+            logger=self._logger,
+            detached=detached,
+            after_terminal=after_terminal,
         )
 
     def _forget(self, run_id: str, task: asyncio.Task[RunRecord]) -> None:

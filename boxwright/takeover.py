@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from contextvars import ContextVar
-from typing import Any, Final, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final, TypeVar, overload
 
 import msgspec
 
@@ -30,6 +30,7 @@ from .errors import (
 )
 from .events import CustomEvent, Event, chunk_fingerprint
 from .runs import (
+    RUN_CANCEL_REASON,
     START_OFFSET,
     EventLog,
     RunPatch,
@@ -39,7 +40,7 @@ from .runs import (
     is_terminal_status,
     pipe_to_run_log,
 )
-from .stores.base import DEFAULT_LEASE_TTL_MS, LeaseSignal, LockStore
+from .stores.base import DEFAULT_LEASE_TTL_MS, LeaseSignal, LockStore, hold_lock
 
 DEFAULT_MAX_OUT_OF_BAND_SKIP = 64
 
@@ -149,7 +150,7 @@ async def align_to_stored_log(
 # -- claim, fences, quiescence (R51-R55) -----------------------------------------------------------
 #
 # Three layers keep a run single-writer. The lease: the whole drive runs inside
-# ``locks.with_lock("run-driver:<run id>")``, whose signal reports a lost lease. The
+# ``async with hold_lock(locks, "run-driver:<run id>")``, whose lease reports its loss. The
 # epoch: each claim bumps the record's ``driver_epoch``, and every append and terminal
 # status write is a compare-and-set on it IN THE STORE (decision 3: one transaction in
 # SQLite), which replaces the reference's re-read of the epoch every 32 appends (R53): a
@@ -186,12 +187,18 @@ class RunClaim:
     every later write through either fence re-raises that error without touching a store.
     """
 
-    __slots__ = ("_lost", "_suppression_logged", "epoch", "run_id", "signal")
+    __slots__ = ("_lost", "_suppression_logged", "cancel_signal", "epoch", "run_id", "run_signal", "signal")
 
-    def __init__(self, run_id: str, epoch: int, signal: AbortSignal) -> None:
+    def __init__(self, run_id: str, epoch: int, signal: AbortSignal, cancel_signal: AbortSignal | None = None) -> None:
         self.run_id = run_id
         self.epoch = epoch
+        # Aborts when this claim no longer owns the run (lease lost, or the epoch moved on).
         self.signal = signal
+        # Aborts with RUN_CANCEL_REASON once a cancel is recorded for the run, by any process: the
+        # claim's watcher reads the record as often as the lease is renewed.
+        self.cancel_signal = cancel_signal if cancel_signal is not None else AbortController().signal
+        # What a drive under this claim stops on: either of the two.
+        self.run_signal = AbortSignal.any([signal, self.cancel_signal])
         self._lost: RunClaimLostError | None = None
         self._suppression_logged = False
 
@@ -227,31 +234,57 @@ class RunClaim:
         return f"RunClaim(run_id={self.run_id!r}, epoch={self.epoch}, lost={self.lost})"
 
 
-async def _mirror_lease(lease: LeaseSignal, controller: AbortController, run_id: str, epoch: int) -> None:
+async def _mirror_lease(lease: LeaseSignal, lost: AbortController, run_id: str, epoch: int) -> None:
     await lease.wait()
-    controller.abort(RunClaimLostError(run_id, epoch, LEASE_LOST))
+    lost.abort(RunClaimLostError(run_id, epoch, LEASE_LOST))
 
 
-async def with_run_claim(
+async def _watch_record(
+    runs: RunStore, claim: RunClaim, lost: AbortController, cancel: AbortController, interval_s: float
+) -> None:
+    """Every ``interval_s`` (with the lease renewal) read the claim's record: an epoch that moved on
+    latches the claim and aborts ``claim.signal``; a recorded cancel aborts ``claim.cancel_signal``.
+
+    A store that cannot be read says nothing (the claim counts as held, R53); the next round asks again.
+    """
+    while not lost.signal.aborted:
+        try:
+            record = await runs.get(claim.run_id)
+        except Exception as exc:
+            _log(_logger, logging.DEBUG, "run %r: claim watch could not read the record: %s", claim.run_id, exc)
+            record = None
+        if record is not None:
+            if record.driver_epoch != claim.epoch:
+                lost.abort(claim.latch(RunClaimLostError(claim.run_id, claim.epoch, record.driver_epoch)))
+                return
+            if record.cancel_requested is True and not cancel.signal.aborted:
+                cancel.abort(RUN_CANCEL_REASON)
+        await asyncio.sleep(max(interval_s, 0.001))
+
+
+@contextlib.asynccontextmanager
+async def run_claim(
     runs: RunStore,
     locks: LockStore,
     run_id: str,
-    fn: Callable[[RunClaim], Awaitable[T]],
     *,
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
     admit: Callable[[RunRecord], None] | None = None,
-) -> T:
-    """Claim ``run_id`` and run ``fn(claim)`` while holding it (R51); returns what ``fn`` returns.
+    watch_interval_s: float | None = None,
+) -> AsyncIterator[RunClaim]:
+    """``async with run_claim(runs, locks, run_id) as claim:`` claims ``run_id`` for the block (R51).
 
-    Everything runs inside ``locks.with_lock("run-driver:<run id>")``, released however it
+    The block runs holding ``hold_lock(locks, "run-driver:<run id>")``, released however it
     ends. An unknown run raises ``RunClaimNotAcquiredError(run_id, "unknown")``, a terminal
     one ``"terminal"``; ``admit(record)`` may refuse too (raising), still before anything is
     written. Otherwise ``driver_epoch`` becomes (old or 0) + 1, itself a compare-and-set on
-    the old value (``"superseded"`` if it moved), and ``fn`` gets a ``RunClaim`` at that
-    epoch whose signal aborts the moment the lease is lost.
+    the old value (``"superseded"`` if it moved), and the block gets a ``RunClaim`` at that
+    epoch. A watcher task the block owns (cancelled and awaited on exit) aborts
+    ``claim.signal`` the moment the lease is lost or the stored epoch moves on, and
+    ``claim.cancel_signal`` once a cancel is recorded, checked every ``watch_interval_s``
+    (default: the lease renewal interval, a third of ``lease_ttl_ms``).
     """
-
-    async def locked(lease: LeaseSignal) -> T:
+    async with hold_lock(locks, run_driver_lock_key(run_id), ttl_ms=lease_ttl_ms) as lease:
         record = await runs.get(run_id)
         if record is None:
             raise RunClaimNotAcquiredError(run_id, "unknown")
@@ -267,17 +300,37 @@ async def with_run_claim(
             raise RunClaimNotAcquiredError(run_id, "superseded") from None
         if bumped is None:
             raise RunClaimNotAcquiredError(run_id, "unknown")
-        controller = AbortController()
+        lost, cancel = AbortController(), AbortController()
+        claim = RunClaim(run_id, epoch, lost.signal, cancel.signal)
         if lease.lost:
-            controller.abort(RunClaimLostError(run_id, epoch, LEASE_LOST))
-        watcher = asyncio.ensure_future(_mirror_lease(lease, controller, run_id, epoch))
+            lost.abort(RunClaimLostError(run_id, epoch, LEASE_LOST))
+        interval = lease_ttl_ms / 3 / 1000 if watch_interval_s is None else watch_interval_s
+        loop = asyncio.get_running_loop()
+        # Owned by this block: cancelled and awaited on its exit, however it ends.
+        watchers = [
+            loop.create_task(_mirror_lease(lease, lost, run_id, epoch), name=f"boxwright claim lease {run_id}"),
+            loop.create_task(_watch_record(runs, claim, lost, cancel, interval), name=f"boxwright claim watch {run_id}"),
+        ]
         try:
-            return await fn(RunClaim(run_id, epoch, controller.signal))
+            yield claim
         finally:
-            watcher.cancel()
-            await asyncio.wait([watcher])
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.wait(watchers)
 
-    return await locks.with_lock(run_driver_lock_key(run_id), locked, ttl_ms=lease_ttl_ms)
+
+async def with_run_claim(
+    runs: RunStore,
+    locks: LockStore,
+    run_id: str,
+    fn: Callable[[RunClaim], Awaitable[T]],
+    *,
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+    admit: Callable[[RunRecord], None] | None = None,
+) -> T:
+    """``fn(claim)`` inside ``async with run_claim(...)`` (R51); returns what ``fn`` returns."""
+    async with run_claim(runs, locks, run_id, lease_ttl_ms=lease_ttl_ms, admit=admit) as claim:
+        return await fn(claim)
 
 
 async def await_log_quiescence(
@@ -424,21 +477,33 @@ async def pipe_claimed(
     signal: AbortSignal | None = None,
     logger: logging.Logger | None = None,
     detached: Callable[[], bool] | None = None,
+    after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
 ) -> RunRecord:
-    """``pipe_to_run_log`` under ``claim``: both fences at the ACQUIRED epoch; ``signal`` defaults to the claim's.
+    """``pipe_to_run_log`` under ``claim``: both fences at the ACQUIRED epoch; ``signal`` defaults to the
+    claim's ``run_signal`` (a lost claim, or a cancel recorded by any process).
 
-    ``detached`` is ``pipe_to_run_log``'s detach verdict (R39), passed on.
+    ``detached`` is ``pipe_to_run_log``'s detach verdict (R39), passed on. ``after_terminal(record)``
+    runs once the terminal status landed at the claim's epoch (never for a superseded claim): the
+    place for side effects that must follow the durable end, such as removing the journal.
     """
+
+    async def landed(record: RunRecord) -> None:
+        # The write was a compare-and-set at our epoch and the run is terminal now, so no successor
+        # can claim it any more; still, a latch set meanwhile means someone else owns what follows.
+        if after_terminal is not None and not claim.superseded and record.driver_epoch == claim.epoch:
+            await after_terminal(record)
+
     return await pipe_to_run_log(
         stream,
         fence_run_store(runs, claim, logger=logger),
         fence_event_log(log, claim),
         claim.run_id,
         thread_id,
-        claim.signal if signal is None else signal,
+        claim.run_signal if signal is None else signal,
         claim.epoch,
         logger=logger,
         detached=detached,
+        after_terminal=landed,
     )
 
 
@@ -468,12 +533,12 @@ def start_drive(drive: Drive, run_id: str, thread_id: str, signal: AbortSignal) 
 class SandboxRunDriver:
     """The supported way to drive a run another host started (R56): ``claim`` then ``pipe`` inside it.
 
-    ``await driver.claim(run_id, fn)`` runs ``fn(claim)`` under ``with_run_claim`` and holds
-    the claim (in a context variable, so concurrent claims on one driver stay apart) for
-    the call. ``await driver.pipe(stream, run_id, thread_id)`` inside it waits for the log
-    to go quiet, then drives ``stream`` with both fences at the acquired epoch; outside a
-    claim on ``run_id`` it raises ``RunDriverPipeOutsideClaimError``. ``resume(run_id)`` is
-    the whole resume driver (R58).
+    ``async with driver.claim(run_id) as claim:`` holds ``run_claim`` on ``run_id`` for the
+    block (``await driver.claim(run_id, fn)`` is the same with a callback). Inside it,
+    ``await driver.pipe(stream, run_id, thread_id)`` waits for the log to go quiet, then
+    drives ``stream`` with both fences at the acquired epoch; outside a claim on ``run_id``
+    it raises ``RunDriverPipeOutsideClaimError``. ``resume(run_id)`` is the whole resume
+    driver (R58).
     """
 
     def __init__(
@@ -486,6 +551,7 @@ class SandboxRunDriver:
         fence_quiet_ms: float = DEFAULT_FENCE_QUIET_MS,
         lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
         logger: logging.Logger | None = None,
+        after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
     ) -> None:
         self.runs = runs
         self.locks = locks
@@ -494,22 +560,44 @@ class SandboxRunDriver:
         self.fence_quiet_ms = fence_quiet_ms
         self.lease_ttl_ms = lease_ttl_ms
         self.logger = logger or _logger
-        self._held: ContextVar[RunClaim | None] = ContextVar(f"boxwright held claim {id(self):x}", default=None)
+        # Called once a resumed run's terminal record landed at this driver's epoch (its journal cleanup).
+        self.after_terminal = after_terminal
+        # The claims held through this driver, by run id: the lock makes one claim per run at a time.
+        self._held: dict[str, list[RunClaim]] = {}
 
     def held_claim(self, run_id: str) -> RunClaim | None:
-        """The claim on ``run_id`` this driver holds in the current context, if any."""
-        claim = self._held.get()
-        return claim if claim is not None and claim.run_id == run_id else None
+        """The claim on ``run_id`` held through this driver, if any (the innermost, if nested)."""
+        held = self._held.get(run_id)
+        return held[-1] if held else None
 
-    async def claim(self, run_id: str, fn: Callable[[RunClaim], Awaitable[T]]) -> T:
-        async def holding(claim: RunClaim) -> T:
-            token = self._held.set(claim)
+    @overload
+    def claim(self, run_id: str) -> AbstractAsyncContextManager[RunClaim]: ...
+
+    @overload
+    def claim(self, run_id: str, fn: Callable[[RunClaim], Awaitable[T]]) -> Awaitable[T]: ...
+
+    def claim(
+        self, run_id: str, fn: Callable[[RunClaim], Awaitable[T]] | None = None
+    ) -> AbstractAsyncContextManager[RunClaim] | Awaitable[T]:
+        if fn is None:
+            return self._claimed(run_id)
+        return self._call_claimed(run_id, fn)
+
+    async def _call_claimed(self, run_id: str, fn: Callable[[RunClaim], Awaitable[T]]) -> T:
+        async with self._claimed(run_id) as claim:
+            return await fn(claim)
+
+    @contextlib.asynccontextmanager
+    async def _claimed(self, run_id: str) -> AsyncIterator[RunClaim]:
+        async with run_claim(self.runs, self.locks, run_id, lease_ttl_ms=self.lease_ttl_ms) as claim:
+            held = self._held.setdefault(run_id, [])
+            held.append(claim)
             try:
-                return await fn(claim)
+                yield claim
             finally:
-                self._held.reset(token)
-
-        return await with_run_claim(self.runs, self.locks, run_id, holding, lease_ttl_ms=self.lease_ttl_ms)
+                held.remove(claim)
+                if not held and self._held.get(run_id) is held:
+                    del self._held[run_id]
 
     async def pipe(
         self,
@@ -518,9 +606,12 @@ class SandboxRunDriver:
         thread_id: str,
         *,
         detached: Callable[[], bool] | None = None,
+        claim: RunClaim | None = None,
+        after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
     ) -> RunRecord:
-        claim = self.held_claim(run_id)
-        if claim is None:
+        """Drive ``stream`` under ``claim`` (default: the one held on ``run_id``); see ``pipe_claimed``."""
+        claim = claim if claim is not None else self.held_claim(run_id)
+        if claim is None or claim.run_id != run_id:
             await _close_quietly(stream)
             raise RunDriverPipeOutsideClaimError(run_id)
         try:
@@ -528,7 +619,16 @@ class SandboxRunDriver:
         except BaseException:
             await _close_quietly(stream)
             raise
-        return await pipe_claimed(stream, self.runs, self.log, claim, thread_id, logger=self.logger, detached=detached)
+        return await pipe_claimed(
+            stream,
+            self.runs,
+            self.log,
+            claim,
+            thread_id,
+            logger=self.logger,
+            detached=detached,
+            after_terminal=after_terminal,
+        )
 
     async def resume(self, run_id: str) -> bool:
         """The resume driver (R58): claim ``run_id`` and drive it on; ``True`` iff it was driven. Never raises.
@@ -562,15 +662,17 @@ class SandboxRunDriver:
             return False
         thread_id = record.thread_id
 
-        async def body(claim: RunClaim) -> None:
-            try:
-                await self.runs.update(run_id, RunPatch(detached_since=None))
-            except Exception as exc:
-                _log(logger, logging.WARNING, "resume of run %r: could not clear detached_since: %s", run_id, exc)
-            await self.pipe(start_drive(self.drive, run_id, thread_id, claim.signal), run_id, thread_id)
-
         try:
-            await self.claim(run_id, body)
+            async with self.claim(run_id) as claim:
+                try:
+                    # At the claim's epoch: a successor that already bumped it keeps its own stamp.
+                    await self.runs.update(run_id, RunPatch(detached_since=None), expected_epoch=claim.epoch)
+                except EpochFencedError as exc:
+                    raise claim.latch(RunClaimLostError(run_id, claim.epoch, exc.stored_epoch)) from None
+                except Exception as exc:
+                    _log(logger, logging.WARNING, "resume of run %r: could not clear detached_since: %s", run_id, exc)
+                stream = start_drive(self.drive, run_id, thread_id, claim.run_signal)
+                await self.pipe(stream, run_id, thread_id, claim=claim, after_terminal=self.after_terminal)
         except (RunClaimNotAcquiredError, RunClaimLostError) as exc:
             _log(logger, logging.DEBUG, "resume of run %r: not driven: %s", run_id, exc)
             return False
@@ -589,10 +691,18 @@ def sandbox_run_driver(
     fence_quiet_ms: float = DEFAULT_FENCE_QUIET_MS,
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
     logger: logging.Logger | None = None,
+    after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
 ) -> SandboxRunDriver:
     """A ``SandboxRunDriver`` over one run store, lock store and event log (R56)."""
     return SandboxRunDriver(
-        runs, locks, log, drive, fence_quiet_ms=fence_quiet_ms, lease_ttl_ms=lease_ttl_ms, logger=logger
+        runs,
+        locks,
+        log,
+        drive,
+        fence_quiet_ms=fence_quiet_ms,
+        lease_ttl_ms=lease_ttl_ms,
+        logger=logger,
+        after_terminal=after_terminal,
     )
 
 

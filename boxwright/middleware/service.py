@@ -31,9 +31,16 @@ from starlette.websockets import WebSocket
 
 from boxwright._json import BoundedDecoder, JsonBoundsError
 from boxwright.abort import AbortController, AbortSignal
-from boxwright.agent import JournalOptions, run_agent
+from boxwright.agent import JournalCleanup, JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
-from boxwright.errors import InvalidRunIdError, InvalidThreadIdError, RunThreadMismatchError, ThreadBusyError
+from boxwright.errors import (
+    EpochFencedError,
+    InvalidRunIdError,
+    InvalidThreadIdError,
+    RunClaimLostError,
+    RunThreadMismatchError,
+    ThreadBusyError,
+)
 from boxwright.events import Event, now_ms
 from boxwright.file_hooks import RunFileHooks
 from boxwright.harnesses.base import Harness, Message
@@ -73,18 +80,70 @@ class RecordDurability:
     A recorded cancel means destroy; otherwise the detach is stamped (``detached_since``, the
     sandbox key) so a reaper or a successor can find the sandbox. A stamp that lands nowhere
     (no record) raises, so the sandbox is destroyed rather than leaked.
+
+    Under a claim (``claim=`` or ``claim_of=``, or ``durability.claim = claim`` once claimed)
+    the stamp is a compare-and-set at the claim's epoch: a driver another took the run over
+    from gets ``RunClaimLostError`` (its claim latches) and stamps, destroys and removes nothing.
     """
 
-    def __init__(self, runs: RunStore, run_id: str) -> None:
+    def __init__(
+        self,
+        runs: RunStore,
+        run_id: str,
+        *,
+        claim: RunClaim | None = None,
+        claim_of: Callable[[], RunClaim | None] | None = None,
+    ) -> None:
         self._runs = runs
         self._run_id = run_id
+        self.claim = claim
+        self._claim_of = claim_of
         self.detached = False  # the verdict: set once the stamp landed
+
+    def _claim(self) -> RunClaim | None:
+        if self.claim is None and self._claim_of is not None:
+            self.claim = self._claim_of()
+        return self.claim
+
+    @property
+    def superseded(self) -> bool:
+        """Whether another driver owns the run now (this driver's claim latched)."""
+        claim = self._claim()
+        return claim is not None and claim.superseded
+
+    async def holds_run(self) -> bool:
+        """Whether this driver still holds the run's epoch (unclaimed: yes; unreadable store: yes)."""
+        claim = self._claim()
+        if claim is None:
+            return True
+        if claim.superseded:
+            return False
+        try:
+            record = await self._runs.get(self._run_id)
+        except Exception:
+            return True
+        if record is not None and record.driver_epoch != claim.epoch:
+            claim.latch(RunClaimLostError(self._run_id, claim.epoch, record.driver_epoch))
+            return False
+        return True
 
     async def cancel_requested(self) -> bool:
         return await was_cancel_requested(self._runs, self._run_id)
 
     async def stamp_detached(self, sandbox_key: str) -> None:
-        written = await self._runs.update(self._run_id, RunPatch(detached_since=now_ms(), sandbox_key=sandbox_key))
+        claim = self._claim()
+        patch = RunPatch(detached_since=now_ms(), sandbox_key=sandbox_key)
+        if claim is None:
+            written = await self._runs.update(self._run_id, patch)
+        else:
+            if claim.superseded:
+                claim.check()
+            try:
+                written = await self._runs.update(self._run_id, patch, expected_epoch=claim.epoch)
+            except EpochFencedError as exc:
+                if isinstance(exc, RunClaimLostError):
+                    raise claim.latch(exc) from None
+                raise claim.latch(RunClaimLostError(self._run_id, claim.epoch, exc.stored_epoch)) from None
         if written is None:
             raise LookupError(f"run {self._run_id!r} has no record to stamp its detach on")
         self.detached = True
@@ -196,6 +255,8 @@ class SandboxService:
         if not lock.locked() and self._thread_locks.get(thread_id) is lock:
             del self._thread_locks[thread_id]
         durability = RecordDurability(self.runs, run_id) if durable else None
+        # Removed by this driver once the terminal record is written, never at the agent's exit.
+        cleanup = JournalCleanup() if durable else None
         events = run_agent(
             sandbox,
             harness,
@@ -206,7 +267,7 @@ class SandboxService:
             signal=abort.signal,
             store=self._store,
             locks=self._locks,
-            journal=JournalOptions() if durable else None,
+            journal=JournalOptions(cleanup=cleanup) if durable else None,
             durability=durability,
             file_hooks=file_hooks,
         )
@@ -218,10 +279,14 @@ class SandboxService:
             # successor that takes the run over fences out anything this driver still writes.
             handle = RunHandle(
                 run_id,
-                asyncio.ensure_future(self._drive_claimed(events, run_id, thread_id, abort, detached)),
+                asyncio.ensure_future(
+                    self._drive_claimed(events, run_id, thread_id, abort, detached, durability, cleanup)
+                ),
             )
         else:
-            handle = self._controller.start(events, run_id, thread_id, signal=abort.signal, detached=detached)
+            handle = self._controller.start(
+                events, run_id, thread_id, signal=abort.signal, detached=detached, after_terminal=cleanup
+            )
         self._driving[run_id] = (abort, handle)
         handle.done.add_done_callback(functools.partial(self._forget, run_id, abort))
         return run_id
@@ -233,19 +298,24 @@ class SandboxService:
         thread_id: str,
         abort: AbortController,
         detached: Callable[[], bool] | None,
+        durability: RecordDurability | None = None,
+        cleanup: JournalCleanup | None = None,
     ) -> RunRecord:
         assert self._locks is not None
         # A fresh run has no predecessor to wait out: no quiet window.
         driver = sandbox_run_driver(
             self.runs, self._locks, self.log, _no_replay, fence_quiet_ms=0, lease_ttl_ms=self.lease_ttl_ms
         )
-
-        async def body(claim: RunClaim) -> RunRecord:
-            claim.signal.add_listener(lambda reason: abort.abort(reason))
-            return await driver.pipe(events, run_id, thread_id, detached=detached)
-
         try:
-            return await driver.claim(run_id, body)
+            async with driver.claim(run_id) as claim:
+                if durability is not None:
+                    durability.claim = claim  # its detach stamp is fenced at this epoch from now on
+                # A lost claim stops the agent's drive; so does a cancel recorded by any process.
+                claim.signal.add_listener(lambda reason: abort.abort(reason))
+                claim.cancel_signal.add_listener(lambda _reason: abort.abort(RUN_CANCEL_REASON))
+                return await driver.pipe(
+                    events, run_id, thread_id, detached=detached, claim=claim, after_terminal=cleanup
+                )
         except Exception as exc:
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
@@ -338,6 +408,8 @@ class SandboxService:
             return False
         spec = await _spec_for(self, StartRunRequest(prompt=RESUMED_PROMPT, thread_id=record.thread_id, run_id=run_id))
         locks = self._locks
+        # The successor, once its terminal record landed, removes the journal it replayed.
+        cleanup = JournalCleanup()
 
         def replay(rid: str, tid: str, signal: AbortSignal) -> AsyncIterator[Event]:
             events = run_agent(
@@ -350,8 +422,8 @@ class SandboxService:
                 signal=signal,
                 store=self._store,
                 locks=locks,
-                journal=JournalOptions(attach=True, runs=self.runs),
-                durability=RecordDurability(self.runs, rid),
+                journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup),
+                durability=RecordDurability(self.runs, rid, claim_of=lambda: driver.held_claim(rid)),
                 file_hooks=spec.file_hooks,
             )
 
@@ -360,7 +432,9 @@ class SandboxService:
 
             return align_to_stored_log(events, stored, out_of_band=is_out_of_band)
 
-        driver = sandbox_run_driver(self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms)
+        driver = sandbox_run_driver(
+            self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms, after_terminal=cleanup
+        )
         task = asyncio.ensure_future(driver.resume(run_id))
         self._resuming[run_id] = task
         task.add_done_callback(lambda _: self._resuming.pop(run_id, None))

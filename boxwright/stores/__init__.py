@@ -2,11 +2,13 @@
 
 from boxwright.stores.base import (
     DEFAULT_LEASE_TTL_MS,
+    BlockLockStore,
     InstanceRecord,
     Lease,
     LeaseSignal,
     LockStore,
     SandboxInstanceStore,
+    hold_lock,
     warn_if_not_durable,
 )
 from boxwright.stores.memory import (
@@ -28,6 +30,7 @@ from boxwright.stores.sqlite import (
 
 __all__ = [
     "DEFAULT_LEASE_TTL_MS",
+    "BlockLockStore",
     "InstanceRecord",
     "Lease",
     "LeaseSignal",
@@ -42,6 +45,7 @@ __all__ = [
     "SqliteInstanceStore",
     "SqliteLockStore",
     "SqliteRunStore",
+    "hold_lock",
     "memory_run_backend",
     "open_database",
     "sqlite_run_backend",

@@ -2,17 +2,21 @@
 
 ``SandboxInstanceStore`` remembers which provider sandbox backs an instance key, so a
 later run (in this process or another) resumes it instead of creating a new one.
-``LockStore`` runs a callback while holding a per-key lock; the callback gets a
-``LeaseSignal`` that reports when a lease-backed lock was lost under it (its holder
-stalled past the lease and another process took the key over).
+``LockStore`` holds a per-key lock for an ``async with locks.lock(key) as lease:`` block
+(``with_lock(key, fn)`` is the same as a callback); ``lease`` is a ``LeaseSignal`` that
+reports when a lease-backed lock was lost under it (its holder stalled past the lease and
+another process took the key over). ``hold_lock`` gives the block form over a store that
+only has ``with_lock``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar, runtime_checkable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -83,6 +87,55 @@ class LockStore(Protocol):
     ) -> T:
         """Run ``fn`` while holding the lock on ``key`` and return its result; the lock is freed however it ends."""
         ...
+
+
+@runtime_checkable
+class BlockLockStore(LockStore, Protocol):
+    """A ``LockStore`` whose lock is also an async context manager (both built-in stores are)."""
+
+    def lock(self, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AbstractAsyncContextManager[LeaseSignal]:
+        """``async with locks.lock(key) as lease:`` holds the lock for the block; a lease renewal, if any,
+        runs in a task the block owns (cancelled and awaited on exit), and ``lease`` reports its loss."""
+        ...
+
+
+@contextlib.asynccontextmanager
+async def hold_lock(locks: LockStore, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AsyncIterator[LeaseSignal]:
+    """``async with hold_lock(locks, key) as lease:`` over any ``LockStore``.
+
+    A store with ``lock`` is used as it is. One with only ``with_lock`` is held by a task this
+    block owns: its callback hands the lease over and waits for the block to end, and the task
+    is awaited on exit, so the lock is freed before the block's exit returns.
+    """
+    if isinstance(locks, BlockLockStore):
+        async with locks.lock(key, ttl_ms=ttl_ms) as lease:
+            yield lease
+        return
+    loop = asyncio.get_running_loop()
+    handed: asyncio.Future[LeaseSignal] = loop.create_future()
+    released = asyncio.Event()
+
+    async def holding(lease: LeaseSignal) -> None:
+        handed.set_result(lease)
+        await released.wait()
+
+    holder = loop.create_task(locks.with_lock(key, holding, ttl_ms=ttl_ms), name=f"boxwright lock holder {key}")
+    try:
+        racers: set[asyncio.Future[Any]] = {holder, handed}
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+        if not handed.done():
+            await holder  # with_lock failed before calling back: its error is ours
+            raise RuntimeError(f"lock store {type(locks).__name__} returned without holding {key!r}")
+        yield handed.result()
+    finally:
+        released.set()
+        if not handed.done():
+            holder.cancel()  # we left while still waiting for the lock: stop waiting for it
+        if not holder.done():
+            # Shielded wait: a cancelled block must still see the lock freed before it leaves.
+            await asyncio.wait({holder})
+        if holder.done() and not holder.cancelled():
+            holder.exception()  # retrieved: a release error was logged by the store, not ours to raise
 
 
 class Lease:

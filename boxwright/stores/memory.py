@@ -11,6 +11,7 @@ run event logs the same way (see ``boxwright.runs``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -79,6 +80,12 @@ class MemoryLockStore:
     async def with_lock(
         self, key: str, fn: Callable[[LeaseSignal], Awaitable[T]], *, ttl_ms: int = DEFAULT_LEASE_TTL_MS
     ) -> T:
+        async with self.lock(key, ttl_ms=ttl_ms) as lease:
+            return await fn(lease)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AsyncIterator[LeaseSignal]:
+        """Hold ``key`` for the block; the lease is never lost (nothing here can take it over)."""
         # A chain of futures rather than asyncio.Lock: the order is arrival order by construction.
         queue = self._keys.get(key)
         if queue is None:
@@ -98,7 +105,7 @@ class MemoryLockStore:
                     previous.add_done_callback(lambda _: _resolve(mine))
                     handed_over = True
                     raise
-            return await fn(Lease(key))
+            yield Lease(key)
         finally:
             if not handed_over:
                 _resolve(mine)

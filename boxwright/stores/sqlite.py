@@ -300,6 +300,13 @@ class SqliteLockStore:
     async def with_lock(
         self, key: str, fn: Callable[[LeaseSignal], Awaitable[T]], *, ttl_ms: int = DEFAULT_LEASE_TTL_MS
     ) -> T:
+        async with self.lock(key, ttl_ms=ttl_ms) as lease:
+            return await fn(lease)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AsyncIterator[LeaseSignal]:
+        """Hold ``key`` for the block, renewed every ttl/3 by a task the block owns (cancelled and awaited on
+        exit); the lease reports its loss (``lease.lost``, ``await lease.wait()``)."""
         if ttl_ms <= 0:
             raise ValueError(f"ttl_ms must be positive, got {ttl_ms}")
         await self._db.ensure_schema(_LEASES_DDL)
@@ -308,7 +315,7 @@ class SqliteLockStore:
         lease = Lease(key)
         renewer = asyncio.create_task(self._renew(key, token, ttl_ms, lease), name=f"boxwright lease renewal {key}")
         try:
-            return await fn(lease)
+            yield lease
         finally:
             # A renewal racing the release is harmless: it only updates a row carrying our token.
             renewer.cancel()
