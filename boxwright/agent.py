@@ -15,15 +15,16 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from ._faults import fault_point
 from .abort import AbortSignal
 from .auth import AuthMode
+from .colocated import colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
 from .errors import DurableRunIdRequiredError, HalfDurableRunError
 from .events import (
@@ -87,6 +88,7 @@ DIFF_COMMAND = (
 )
 _SPLIT = "boxwright-diff"
 _DONE = object()
+T = TypeVar("T")
 
 
 async def _write_files(handle: SandboxHandle, files: Mapping[str, str], cwd: str) -> None:
@@ -175,7 +177,15 @@ class _Run:
         self.scrub = scrub
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.stderr: list[str] = []
-        self.tasks: list[asyncio.Task[None]] = []
+        # Every task of this drive (the output pumps, the journal reader): owned here, cancelled and
+        # awaited by ``close``, so none outlives the run's teardown.
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        name = getattr(work, "__qualname__", "task")
+        task = asyncio.get_running_loop().create_task(work, name=f"boxwright {name} {self.run_id!r}")
+        self.tasks.append(task)
+        return task
 
     def on_file(self, event: FileEvent) -> None:
         self.queue.put_nowait(file_event_chunk(event, thread_id=self.thread_id, run_id=self.run_id))
@@ -192,7 +202,8 @@ class _Run:
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.tasks:
+            await asyncio.wait(self.tasks)  # their own errors are reported where they are awaited
 
 
 async def run_agent(
@@ -215,8 +226,12 @@ async def run_agent(
     journal: JournalOptions | None = None,
     durability: RunDurability | None = None,
     file_hooks: Sequence[RunFileHooks] = (),
+    mode: Literal["host-driven", "colocated"] = "host-driven",
 ) -> AsyncIterator[Event]:
     """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events.
+
+    ``mode="colocated"`` (Docker): the in-container runner drives the harness next to the
+    bridge and only tool execution crosses back (``boxwright.colocated``).
 
     ``journal`` makes the agent outlive this process; ``durability`` (the run record) decides
     what a dropped consumer means: detach (keep the sandbox) unless a cancel is recorded.
@@ -279,19 +294,34 @@ async def run_agent(
             )
             if sandbox.workspace is not None:
                 scrub.add(resolve_all_secrets(sandbox.workspace.secrets).values())
-            drive = _drive(
-                sandbox,
-                scope.handle,
-                harness,
-                hctx,
-                frame,
-                signal,
-                declared,
-                bridge,
-                journal,
-                scrub,
-                file_hooks,
-                owns=lambda: not _superseded(durability),
+            drive = (
+                colocated_drive(
+                    scope.handle,
+                    harness,
+                    run_id=run_id,
+                    thread_id=thread_id,
+                    messages=messages,
+                    tools=declared,
+                    host_env=hctx.host_env,
+                    scrub=scrub,
+                    signal=signal,
+                    cwd=cwd,
+                )
+                if mode == "colocated"
+                else _drive(
+                    sandbox,
+                    scope.handle,
+                    harness,
+                    hctx,
+                    frame,
+                    signal,
+                    declared,
+                    bridge,
+                    journal,
+                    scrub,
+                    file_hooks,
+                    owns=lambda: not _superseded(durability),
+                )
             )
             with secrets:
                 async with contextlib.aclosing(drive):
@@ -432,13 +462,13 @@ async def _drive(
             if not journal.attach:
                 # No signal: a dropped request must not kill a durable agent; a cancel destroys the sandbox.
                 await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)
-            journaled = asyncio.ensure_future(_pump_journal(handle, paths, journal, translator, run, signal))
+            journaled = run.spawn(_pump_journal(handle, paths, journal, translator, run, signal))
         else:
             process = await handle.process.spawn(
                 plan.command, ProcessOptions(cwd=hctx.cwd, env=plan.env, signal=signal)
             )
-            run.tasks.append(asyncio.ensure_future(_pump_stdout(process.stdout, translator, run)))
-            run.tasks.append(asyncio.ensure_future(_pump_stderr(process.stderr, run)))
+            run.spawn(_pump_stdout(process.stdout, translator, run))
+            run.spawn(_pump_stderr(process.stderr, run))
             if stdin is not None:
                 with contextlib.suppress(Exception):  # an agent that exits at once closes its stdin
                     await process.stdin.write(stdin)

@@ -364,6 +364,12 @@ def _add_serve(sub: Any) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
+def cmd_runner(args: argparse.Namespace) -> int:
+    from .runner.__main__ import main as runner_main
+
+    return runner_main(args.runner_args)
+
+
 def cmd_reap(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -433,6 +439,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.add_argument("-v", "--verbose", action="store_true", help="also list what stays, and why")
     gc.add_argument("--json", action="store_true", help="print the result as JSON")
     gc.set_defaults(func=cmd_gc)
+    runner = sub.add_parser(
+        "runner", help="the in-container runner (co-located mode; token in $BOXWRIGHT_RUNNER_TOKEN)"
+    )
+    runner.add_argument("runner_args", nargs=argparse.REMAINDER, help="--host H --port P")
+    runner.set_defaults(func=lambda a: __import__("boxwright.runner.__main__", fromlist=["main"]).main(a.runner_args))
     reap = sub.add_parser("reap", help="remove boxwright's Docker containers whose lease expired or run ended")
     reap.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
     reap.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -572,6 +572,21 @@ class DockerHandle:
         out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
         return ExecResult(stdout=out, stderr=err, exit_code=code)
 
+    async def address(self) -> str:
+        """The container's address on its Docker network, as the host reaches it (the runner binds it)."""
+        api = self.api
+        try:
+            info = await api.call(api.api.inspect_container, self.id)
+        except api.errors.NotFound as exc:
+            raise self._gone(exc) from exc
+        settings = info.get("NetworkSettings") or {}
+        found = settings.get("IPAddress") or next(
+            (n.get("IPAddress") for n in (settings.get("Networks") or {}).values() if n.get("IPAddress")), None
+        )
+        if not found:
+            raise UnsupportedCapabilityError(NAME, "network", "the container has no network address (network deny)")
+        return str(found)
+
     async def snapshot(self, label: str | None = None) -> SnapshotRef:
         tag = f"{self.id[:12]}-{_tag(label or 'snap')}"
         await self._commit("boxwright-snapshot", tag)

@@ -1,0 +1,75 @@
+"""What the host sends the in-container runner: msgspec structs, validated strictly.
+
+The body names secrets, never carries them: the runner reads each value from its own env
+(set by the host when it started the runner, per exec, never in the container's config).
+An unknown field, or a "name" that is not an env-var name (a value pasted where a name
+belongs), is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from ..harnesses.base import Message
+from ..tool_bridge.remote import ToolDescriptor
+
+RUNNER_TOKEN_ENV = "BOXWRIGHT_RUNNER_TOKEN"
+HARNESSES = ("claude-code",)
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+
+
+class RunnerWorkspace(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The workspace as the runner sees it: where it is, and the names of the env it may read."""
+
+    path: str = "/workspace"
+    source: dict[str, Any] = msgspec.field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # names of env values handed to the harness (credentials, model URL)
+
+
+class ContainerRunRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    run_id: str
+    thread_id: str
+    messages: tuple[Message, ...]
+    harness: Literal["claude-code"]
+    model: str
+    workspace: RunnerWorkspace
+    tool_descriptors: tuple[ToolDescriptor, ...]
+    tool_exec_url: str
+    tool_exec_token: str
+
+
+class RunnerRequestError(ValueError):
+    """A bad ``/run`` body; the message names the field."""
+
+
+def parse_container_run_request(body: bytes) -> ContainerRunRequest:
+    try:
+        request = msgspec.json.decode(body, type=ContainerRunRequest)
+    except msgspec.ValidationError as exc:
+        raise RunnerRequestError(f"invalid run request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RunnerRequestError(f"run request body is not JSON: {exc}") from None
+    for name, value in (
+        ("runId", request.run_id),
+        ("threadId", request.thread_id),
+        ("model", request.model),
+        ("toolExecUrl", request.tool_exec_url),
+        ("toolExecToken", request.tool_exec_token),
+    ):
+        if not value.strip():
+            raise RunnerRequestError(f"invalid run request: `{name}` must not be empty")
+    if not request.messages:
+        raise RunnerRequestError("invalid run request: `messages` must not be empty")
+    if not request.tool_exec_url.startswith(("http://", "https://")):
+        raise RunnerRequestError("invalid run request: `toolExecUrl` must be an http(s) URL")
+    for name in request.workspace.secrets:
+        if not _ENV_NAME.match(name):
+            # Never echo it: a value pasted where a name belongs is a secret.
+            raise RunnerRequestError(
+                "invalid run request: `workspace.secrets` holds names of env values only "
+                "(A-Z, 0-9, _), and one entry is not such a name"
+            )
+    return request

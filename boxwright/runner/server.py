@@ -1,0 +1,204 @@
+"""The runner's ASGI app: runs the harness on the local-process provider inside the container.
+
+Each run's AG-UI events go to an NDJSON file as they come, and every reader (the ``/run``
+response itself, or ``GET /runs/{id}/events?offset=N`` after a disconnect) reads that file:
+a host that lost the connection re-reads from byte 0 and sees the same bytes. The run is a
+task of the server, not of the request, so a dropped connection does not stop the agent;
+``POST /runs/{id}/cancel`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..abort import AbortController
+from ..events import RunErrorEvent, RunFinishedEvent, encode_event
+from .protocol import RUNNER_TOKEN_ENV, ContainerRunRequest, RunnerRequestError, parse_container_run_request
+
+NDJSON = "application/x-ndjson"
+_MAX_BODY = 4 << 20
+
+
+def _version() -> str:
+    try:
+        return version("boxwright")
+    except PackageNotFoundError:
+        return "0"
+
+
+@dataclass(eq=False)
+class _Run:
+    path: str
+    controller: AbortController = field(default_factory=AbortController)
+    grew: asyncio.Condition = field(default_factory=asyncio.Condition)
+    done: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class RunnerState:
+    def __init__(self, token: str, directory: str) -> None:
+        self.token = token.encode()
+        self.directory = directory
+        self.runs: dict[str, _Run] = {}
+
+    def authorized(self, request: Request) -> bool:
+        given = request.headers.get("authorization", "").encode()
+        return hmac.compare_digest(given, b"Bearer " + self.token)
+
+
+async def _execute(request: ContainerRunRequest, run: _Run) -> None:
+    from ..agent import run_agent
+    from ..definition import define_sandbox
+    from ..harnesses.claude_code import claude_code
+    from ..providers import local_process_sandbox
+    from ..stores.memory import MemoryInstanceStore
+    from ..tool_bridge.remote import http_remote_tool_executor, remote_tool_stubs
+
+    env = {n: os.environ[n] for n in request.workspace.secrets}
+    for name in ("PATH", "HOME", "LANG"):
+        if name in os.environ:
+            env.setdefault(name, os.environ[name])
+    executor = http_remote_tool_executor(request.tool_exec_url, request.tool_exec_token)
+    sandbox = define_sandbox("runner", local_process_sandbox(request.workspace.path, remove_on_destroy=False))
+    harness = claude_code(request.model, env={"HOME": env.get("HOME", "/tmp")})
+    with open(run.path, "ab") as out:
+        try:
+            stream = run_agent(
+                sandbox,
+                harness,
+                list(request.messages),
+                thread_id=request.thread_id,
+                run_id=request.run_id,
+                tools=remote_tool_stubs(request.tool_descriptors, executor),
+                signal=run.controller.signal,
+                store=MemoryInstanceStore(),
+                host_env=env,
+                cwd=request.workspace.path,
+            )
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]  # run_agent is an async generator
+                async for event in stream:
+                    out.write(encode_event(event) + b"\n")
+                    out.flush()
+                    async with run.grew:
+                        run.grew.notify_all()
+        except Exception as exc:  # the stream must end with one terminal line, whatever broke
+            error = RunErrorEvent(message=f"runner failed: {type(exc).__name__}: {exc}"[:500], code="runner_failed")
+            out.write(encode_event(error) + b"\n")
+        finally:
+            await executor.aclose()
+            run.done = True
+            async with run.grew:
+                run.grew.notify_all()
+
+
+async def _tail(run: _Run, offset: int) -> AsyncIterator[bytes]:
+    """The run's NDJSON from byte ``offset``, following it until the run ended and all was read."""
+    position = offset
+    with open(run.path, "rb") as f:
+        while True:
+            f.seek(position)
+            data = f.read()
+            if data:
+                # Whole lines only: a reader never sees half an event.
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    position += cut
+                    yield data[:cut]
+                    continue
+            if run.done:
+                return
+            async with run.grew:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(run.grew.wait(), 1.0)
+
+
+def create_runner_app(token: str | None = None, directory: str | None = None) -> Starlette:
+    token = token if token is not None else os.environ.get(RUNNER_TOKEN_ENV, "")
+    if not token:
+        raise SystemExit(f"the runner needs its bearer token in ${RUNNER_TOKEN_ENV} (set by the host, never sent)")
+    state = RunnerState(token, directory or tempfile.mkdtemp(prefix="boxwright-runner-"))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True, "attach": False, "version": _version()})
+
+    async def start(request: Request) -> Response:
+        if not state.authorized(request):
+            return PlainTextResponse("missing or wrong runner token", status_code=401)
+        body = await request.body()
+        if len(body) > _MAX_BODY:
+            return PlainTextResponse("run request body too large", status_code=413)
+        try:
+            parsed = parse_container_run_request(body)
+        except RunnerRequestError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        missing = [n for n in parsed.workspace.secrets if n not in os.environ]
+        if missing:
+            return PlainTextResponse(
+                f"the runner's env has no value for {', '.join(missing)} (the host sets them as it starts the runner)",
+                status_code=400,
+            )
+        run = state.runs.get(parsed.run_id)
+        if run is None:
+            from ..journal import encode_run_id
+
+            run = _Run(path=os.path.join(state.directory, f"{encode_run_id(parsed.run_id)}.ndjson"))
+            open(run.path, "wb").close()
+            state.runs[parsed.run_id] = run
+            run.task = asyncio.ensure_future(_execute(parsed, run))
+        return StreamingResponse(_tail(run, 0), media_type=NDJSON)
+
+    async def events(request: Request) -> Response:
+        if not state.authorized(request):
+            return PlainTextResponse("missing or wrong runner token", status_code=401)
+        run = state.runs.get(request.path_params["run_id"])
+        if run is None:
+            return PlainTextResponse("unknown run", status_code=404)
+        try:
+            offset = max(0, int(request.query_params.get("offset", "0")))
+        except ValueError:
+            return PlainTextResponse("offset must be an integer", status_code=400)
+        return StreamingResponse(_tail(run, offset), media_type=NDJSON)
+
+    async def cancel(request: Request) -> Response:
+        if not state.authorized(request):
+            return PlainTextResponse("missing or wrong runner token", status_code=401)
+        run = state.runs.get(request.path_params["run_id"])
+        if run is None:
+            return PlainTextResponse("unknown run", status_code=404)
+        from ..definition import CANCEL_REASON
+
+        run.controller.abort(CANCEL_REASON)
+        return Response(status_code=202)
+
+    async def not_found(request: Request) -> Response:
+        return PlainTextResponse("not found", status_code=404)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/run", start, methods=["POST"]),
+        Route("/runs/{run_id}/events", events, methods=["GET"]),
+        Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app.add_exception_handler(404, lambda r, e: not_found(r))
+    return app
+
+
+def terminal(line: bytes) -> bool:
+    """Whether an NDJSON line is a run's last event (for readers that stop there)."""
+    return b'"type":"RUN_FINISHED"' in line or b'"type":"RUN_ERROR"' in line
+
+
+__all__ = ["NDJSON", "RunFinishedEvent", "create_runner_app", "terminal"]

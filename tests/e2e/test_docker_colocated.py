@@ -1,0 +1,177 @@
+"""Co-located mode on Docker: the runner in the container drives the REAL `claude` against the fake model on the
+host, with the MCP bridge on the container's own loopback; only tool execution crosses back (tool-exec).
+
+Also the runner's bad input: a wrong token, a malformed body and a secret value where a name belongs are each a
+clear 4xx, and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import httpx
+import pytest
+
+from boxwright.agent import run_agent
+from boxwright.definition import Lifecycle, define_sandbox
+from boxwright.events import CustomEvent, Event, ToolCallResultEvent, ToolCallStartEvent, encode_event
+from boxwright.harnesses.claude_code import claude_code
+from boxwright.sandbox import ProcessOptions
+from boxwright.stores.memory import MemoryInstanceStore
+from boxwright.workspace import define_workspace
+from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
+from tests.support.docker import (
+    RUNNER_IMAGE,
+    TEST_LABEL,
+    bridge_address,
+    image_problem,
+    labelled_containers,
+    no_leaked_containers,
+    repo_setup,
+)
+from tests.support.require import missing
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
+__all__ = ["no_leaked_containers"]
+EDIT = "sed -i 's/hello/hello from claude/' README.md"
+
+
+@pytest.fixture(autouse=True)
+def _image() -> None:
+    if (problem := image_problem(RUNNER_IMAGE)) is not None:
+        missing(problem)
+
+
+def test_colocated_real_claude_edits_and_calls_a_host_tool() -> None:
+    from boxwright.providers.docker import docker_sandbox
+    from boxwright.tool_bridge import tool
+
+    calls: list[str] = []
+
+    @tool(read_only=True)
+    def get_todos(status: str = "open") -> str:
+        """List the todos of the app (closure state on the host)."""
+        calls.append(status)
+        return f"- write the spec [{status}]\n- ship it [{status}]"
+
+    model = FakeModelServer(
+        {
+            "edit": [
+                ToolCall("Bash", {"command": EDIT, "description": "edit the readme"}),
+                ToolCall("mcp__boxwright__get_todos", {"status": "open"}),
+                Text("I edited it and read your todos."),
+            ]
+        },
+        host=bridge_address(),
+    )
+    model.start()
+    port = model.base_url.rsplit(":", 1)[1]
+    sandbox = define_sandbox(
+        "docker-colocated",
+        docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}),
+        define_workspace(setup=repo_setup()),
+        lifecycle=Lifecycle(destroy_on_complete=True),
+    )
+    harness = claude_code("claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"})
+
+    async def main() -> list[Event]:
+        return [
+            event
+            async for event in run_agent(
+                sandbox,
+                harness,
+                "[[script:edit]] change the greeting in README.md, then read my todos",
+                thread_id="t-colocated",
+                run_id="r-colocated",
+                tools=[get_todos],
+                store=MemoryInstanceStore(),
+                host_env={"ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}", "ANTHROPIC_API_KEY": "sk-test"},
+                mode="colocated",
+            )
+        ]
+
+    try:
+        events = asyncio.run(asyncio.wait_for(main(), 240))
+        requests = model.model_requests()
+    finally:
+        model.stop()
+    types = [e.type for e in events]
+    assert types[0] == "RUN_STARTED" and types[-1] == "RUN_FINISHED", types
+    assert types.count("RUN_STARTED") == 1 and types.count("RUN_FINISHED") == 1, types
+    starts = [e for e in events if isinstance(e, ToolCallStartEvent)]
+    assert [s.tool_call_name for s in starts][:1] == ["Bash"], starts
+    assert calls == ["open"], "the host tool ran once, on the host, over tool-exec"
+    results = [e for e in events if isinstance(e, ToolCallResultEvent)]
+    assert any("write the spec" in str(r.content) and r.state != "output-error" for r in results), results
+    changed = [e for e in events if isinstance(e, CustomEvent) and e.name == "file.changed"]
+    assert len(changed) == 1, types
+    diff = changed[0].value["diff"]
+    assert "-hello" in diff and "+hello from claude" in diff and "README.md" in diff
+    assert "write the spec" in str(requests[-1].body["messages"])
+    wire = b"".join(encode_event(e) for e in events)
+    assert b"Bearer" not in wire and b"sk-test" not in wire
+    assert labelled_containers() == [], "destroy_on_complete left the container"
+
+
+def test_runner_refuses_a_wrong_token_a_malformed_body_and_a_secret_value() -> None:
+    from boxwright.providers.docker import docker_sandbox
+
+    async def main() -> None:
+        handle = await docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}).create()
+        try:
+            host = await handle.address()
+            runner = await handle.process.spawn(
+                f"exec python -m boxwright.runner --host {host} --port 8080",
+                ProcessOptions(env={"BOXWRIGHT_RUNNER_TOKEN": "right-token", "ANTHROPIC_API_KEY": "sk-x"}),
+            )
+            base = f"http://{host}:8080"
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                for _ in range(80):
+                    try:
+                        if (await client.get(f"{base}/health")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        await asyncio.sleep(0.25)
+                health = (await client.get(f"{base}/health")).json()
+                assert health["ok"] is True and health["attach"] is False
+                good = {
+                    "runId": "r1",
+                    "threadId": "t1",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "harness": "claude-code",
+                    "model": "claude-sonnet-4-5",
+                    "workspace": {"secrets": ["ANTHROPIC_API_KEY"]},
+                    "toolDescriptors": [],
+                    "toolExecUrl": "http://host.docker.internal:1/tool-exec/r1",
+                    "toolExecToken": "exec-token",
+                }
+                wrong = await client.post(f"{base}/run", json=good, headers={"Authorization": "Bearer wrong"})
+                assert wrong.status_code == 401 and "token" in wrong.text
+                none = await client.post(f"{base}/run", json=good)
+                assert none.status_code == 401
+                auth = {"Authorization": "Bearer right-token"}
+                bad = await client.post(f"{base}/run", content=b"{not json", headers=auth)
+                assert bad.status_code == 400 and "JSON" in bad.text
+                nope = await client.post(f"{base}/run", json={**good, "harness": "nope"}, headers=auth)
+                assert nope.status_code == 400 and "harness" in nope.text
+                empty = await client.post(f"{base}/run", json={**good, "messages": []}, headers=auth)
+                assert empty.status_code == 400 and "messages" in empty.text
+                value = "sk-ant-secret-value-1234"
+                leaked = {**good, "workspace": {"secrets": [value]}}
+                refused = await client.post(f"{base}/run", json=leaked, headers=auth)
+                assert refused.status_code == 400 and "names" in refused.text and value not in refused.text
+                as_env = {**good, "workspace": {"secrets": [], "env": {"ANTHROPIC_API_KEY": value}}}
+                refused = await client.post(f"{base}/run", json=as_env, headers=auth)
+                assert refused.status_code == 400 and value not in refused.text
+                absent = {**good, "workspace": {"secrets": ["NOT_SET_HERE"]}}
+                refused = await client.post(f"{base}/run", json=absent, headers=auth)
+                assert refused.status_code == 400 and "NOT_SET_HERE" in refused.text
+                unknown = await client.post(f"{base}/runs/nope/cancel", headers=auth)
+                assert unknown.status_code == 404
+            await runner.kill()
+        finally:
+            await handle.destroy()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    assert subprocess.run(["docker", "ps", "-q", "--filter", f"label={TEST_LABEL}"], capture_output=True).stdout == b""
