@@ -7,9 +7,12 @@ in order), then queued for the writer task, which commits everything queued so f
 transaction; readers see data only once that commit returns (``visible``). Unbatched appends
 from many writers thus cost one WAL commit per batch, not per request.
 
-The store has its own ``sqlite3`` connection on one thread of its own (WAL, ``synchronous=NORMAL``,
-like ``boxwright.stores.sqlite``): a whole batch is one hop to that thread, where aiosqlite would
-take one per statement, and the event loop waits on nothing but that hop.
+The store has its own ``sqlite3`` connections (WAL, ``synchronous=NORMAL``, like
+``boxwright.stores.sqlite``). A batch is written on the event loop's thread through a connection
+that never waits for a lock (``busy_timeout=0``): a WAL commit without fsync takes well under a
+millisecond, less than handing the batch to a thread and winning the GIL back. When another
+process holds the database's write lock, the batch goes instead to the store's own thread, whose
+connection waits for it (``busy_timeout``), as loads always do.
 
 One process owns a database's streams (``boxwright serve --streams``): the memory is the
 authority between commits, so a second writer process on the same file is not supported.
@@ -187,6 +190,7 @@ class StreamStore:
         self._closing = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxwright-streams-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self._fast: sqlite3.Connection | None = None
         self.commits = 0  # transactions written: fewer than changes when group commit merges them
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -202,6 +206,10 @@ class StreamStore:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.executescript(_DDL)
         self._conn = conn
+        fast = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        fast.execute("PRAGMA busy_timeout = 0")
+        fast.execute("PRAGMA synchronous = NORMAL")
+        self._fast = fast
         return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM ds_streams").fetchone()[0])
 
     def _connection(self) -> sqlite3.Connection:
@@ -222,6 +230,9 @@ class StreamStore:
         if self._conn is not None:
             await self._call(self._conn.close)
             self._conn = None
+        if self._fast is not None:
+            await self._call(self._fast.close)
+            self._fast = None
         self._thread.shutdown(wait=True)
 
     def new_id(self) -> int:
@@ -413,11 +424,19 @@ class StreamStore:
     async def _write(self, batch: list[_Op]) -> None:
         # Plain appends may share one executemany per statement; anything else runs in order, alone.
         steps: list[tuple[bool, list[Statement]]] = [(op.grouped, op.statements) for op in batch]
-        await self._call(self._write_sync, steps)
+        try:
+            if self._fast is None:
+                raise RuntimeError("the stream store is not open (start() it first)")
+            self._write_sync(steps, self._fast)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            # Another process is writing the file: wait for it on the store's thread, not here.
+            await self._call(self._write_sync, steps, self._connection())
         self.commits += 1
 
-    def _write_sync(self, steps: list[tuple[bool, list[Statement]]]) -> None:
-        conn = self._connection()
+    @staticmethod
+    def _write_sync(steps: list[tuple[bool, list[Statement]]], conn: sqlite3.Connection) -> None:
         grouped: dict[str, list[tuple[Any, ...]]] = {}
 
         def flush() -> None:
