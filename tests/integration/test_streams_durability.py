@@ -4,6 +4,7 @@ unbatched appends are group-committed (fewer transactions than appends), none lo
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -119,5 +120,35 @@ def test_concurrent_unbatched_appends_are_group_committed_none_lost(tmp_path: Pa
             assert stream is not None and len(stream.items) == total
         finally:
             await reopened.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_an_append_waits_for_another_process_write_lock_instead_of_failing(tmp_path: Path) -> None:
+    async def main() -> None:
+        db = tmp_path / "streams.db"
+        store = StreamStore(db)
+        await store.start()
+        server = await serve_asgi(StreamsApp(store))
+        path = "/v1/stream/locked"
+        other = sqlite3.connect(db, isolation_level=None)  # another writer of the same file (the runs, say)
+        try:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                assert (await http.put(path, headers={"content-type": "text/plain"})).status_code == 201
+                other.execute("BEGIN IMMEDIATE")
+                append = asyncio.ensure_future(
+                    http.post(path, headers={"content-type": "text/plain"}, content=b"after the lock")
+                )
+                await asyncio.sleep(0.5)
+                assert not append.done(), "the append answered while another connection held the write lock"
+                other.execute("COMMIT")
+                answer = await append
+                assert answer.status_code == 204, answer.text
+                assert (await http.get(f"{path}?offset=-1")).content == b"after the lock"
+        finally:
+            other.close()
+            await server.close()
+            await store.close()
 
     asyncio.run(main())
