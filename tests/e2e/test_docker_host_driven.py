@@ -24,11 +24,13 @@ from tests.support.docker import (
     bridge_address,
     image_problem,
     labelled_containers,
+    no_leaked_containers,
     repo_setup,
 )
 from tests.support.require import missing
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
+__all__ = ["no_leaked_containers"]
 EDIT = "sed -i 's/hello/hello from claude/' README.md"
 
 

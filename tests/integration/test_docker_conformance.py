@@ -6,9 +6,10 @@ import pytest
 
 from boxwright.testkit import provider_contract_suite
 from boxwright.testkit.journal import journal_conformance_suite
-from tests.support.docker import docker_config
+from tests.support.docker import docker_config, no_leaked_containers
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
+__all__ = ["no_leaked_containers"]
 
 TestDockerContract = provider_contract_suite(docker_config())
 TestDockerJournal = journal_conformance_suite(docker_config(), heartbeat_settle_s=1.5, heartbeat_freeze_s=2.0)

@@ -137,3 +137,32 @@ def test_no_engine_is_a_clear_error() -> None:
         asyncio.run(asyncio.wait_for(provider.create(), 30))
     text = str(info.value)
     assert ("no Docker engine" in text or "does not answer" in text) and "dockerd" in text and "nonexistent" in text
+
+
+def test_the_daemon_stopping_mid_run_is_a_clear_error(tmp_path: object) -> None:
+    from boxwright.providers.docker import docker_sandbox
+    from tests.support.docker import EngineProxy
+
+    proxy = EngineProxy(str(tmp_path))
+    provider = docker_sandbox(BASE_IMAGE, base_url=proxy.url, labels={TEST_LABEL: "1"})
+    created: list[str] = []
+
+    async def main() -> None:
+        handle = await provider.create()
+        created.append(handle.id)
+        process = await handle.process.spawn("echo up; sleep 1000")
+        assert "up" in await asyncio.wait_for(process.stdout.__anext__(), 30)
+        proxy.cut()
+        # The stream ends, and the exit code cannot be learnt: a clear error within a bound.
+        with pytest.raises(ProviderUnavailableError) as info:
+            await asyncio.wait_for(process.wait(), 30)
+        assert "does not answer" in str(info.value)
+        with pytest.raises(ProviderUnavailableError):
+            await asyncio.wait_for(handle.process.exec("true"), 30)
+        await asyncio.wait_for(process.kill(), 30)  # never raises, never hangs
+
+    try:
+        asyncio.run(main())
+    finally:
+        for cid in created:
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -103,3 +104,64 @@ def no_leaked_containers() -> Iterator[None]:
         if left:
             subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
         assert left == [], f"containers left behind by the tests: {left}"
+
+
+class EngineProxy:
+    """A unix-socket relay to the real engine that can be cut, as a daemon that stops answering mid-run."""
+
+    def __init__(self, directory: str, engine: str = "/var/run/docker.sock") -> None:
+        import socket
+        import threading
+
+        self.path = os.path.join(directory, "docker-proxy.sock")
+        self._engine = engine
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(64)
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self._engine)
+            with self._lock:
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(2)
+
+    def cut(self) -> None:
+        """Stop answering: no new connection, every open one (hijacked exec streams too) closed."""
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(2)
+                    sock.close()
