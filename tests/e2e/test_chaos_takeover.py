@@ -72,9 +72,11 @@ SETTLE_S = 3.0
 
 
 def _script() -> list[Step]:
-    # Files, so the watcher's CUSTOM file events are part of what must arrive exactly once.
+    # Files, so the watcher's CUSTOM file events are part of what must arrive exactly once. The sleep
+    # keeps the file event (the watcher reports ~0.2 s after the write) ahead of the tool's result in
+    # every run, loaded or not: the reference order must not be a race.
     calls: list[Step] = [
-        ToolCall("Bash", {"command": f"echo step {i} > step{i}.txt; sleep 0.3", "description": f"step {i}"})
+        ToolCall("Bash", {"command": f"echo step {i} > step{i}.txt; sleep 1", "description": f"step {i}"})
         for i in range(STEPS)
     ]
     return [*calls, Text("All steps done.")]

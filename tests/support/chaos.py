@@ -282,14 +282,15 @@ def journal_exists(run_id: str) -> bool:
 _MINTED = re.compile(
     r"\b(?:msg|toolu|call|resp|fc)_fake\d+\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
 )
-# Wall-clock and machine facts: when, and how long, not what.
-_CLOCK_KEYS = frozenset({"timestamp", "durationMs", "duration_ms", "durationApiMs", "duration_api_ms", "mtimeMs"})
+# Wall clock: when, not what (the events carry no durations; RUN_FINISHED's cost and usage are compared).
+_CLOCK_KEYS = frozenset({"timestamp"})
 
 
 def project(events: list[Event], run_id: str, thread_id: str, base_dir: str) -> list[Any]:
     """``events`` as comparable values: every field of every event (CUSTOM included, with its value) except
 
-    - ``timestamp`` and durations (``_CLOCK_KEYS``): wall clock, different in every run by nature;
+    - ``timestamp``, at any depth (the file events carry one in their value too): wall clock, different
+      in every run by nature;
     - the run id, the thread id and the sandbox base directory, wherever they occur inside a string
       (ids are ``<run id>-<n>`` from the run-scoped generator): replaced by ``<run>``, ``<thread>``,
       ``<base>``, so the counter ``n`` and the rest of the string are still compared;
