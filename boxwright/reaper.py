@@ -30,13 +30,16 @@ from .errors import RunClaimLostError, RunClaimNotAcquiredError, SandboxReclaimF
 from .events import Event
 from .journal import (
     DEFAULT_EXIT_PROBE_BYTES,
+    DEFAULT_ORPHAN_TTL_MS,
     Finished,
     Producing,
+    PruneJournalsResult,
     RunExitProbe,
     Unknown,
     journal_dir_of,
     journal_paths,
     probe_run_exit,
+    prune_journals,
 )
 from .runs import EventLog, RunRecord, RunStatus, RunStore, is_terminal_status, request_run_cancel
 from .sandbox import DestroyInput, ResumeInput, SandboxHandle, SandboxProvider
@@ -73,6 +76,8 @@ ReclaimOutcome: TypeAlias = Literal["destroyed", "destroy-failed", "no-sandbox-k
 HasFinished = Callable[[RunRecord], Awaitable[RunExitProbe]]
 HandleFor = Callable[[RunRecord], Awaitable[SandboxHandle | None]]
 Reclaim = Callable[[RunRecord], Awaitable[object]]
+# Removes the journals of a run the sweep just ended (its record is terminal): ``journal_pruner``.
+Prune = Callable[[RunRecord], Awaitable[object]]
 # The same drive the resume route uses: (run_id, thread_id, signal) -> the run's events.
 ReapDrive = Callable[[str, str, AbortSignal], AsyncIterable[Event]]
 
@@ -144,6 +149,29 @@ def has_finished_via_journal(
             return Unknown(_describe(exc))
 
     return has_finished
+
+
+def journal_pruner(
+    handle_for: HandleFor,
+    runs: RunStore,
+    *,
+    journal_dir: str | None = None,
+    orphan_ttl_ms: int = DEFAULT_ORPHAN_TTL_MS,
+) -> Prune:
+    """A ``prune`` for ``reap_detached_runs``: ``prune_journals`` on the sandbox of a run the sweep ended.
+
+    It removes the journals of every terminal run of that sandbox (the one just finalized
+    among them), and orphans older than ``orphan_ttl_ms``; nothing of a run still going.
+    No handle for the record: nothing to prune (``None``).
+    """
+
+    async def prune(record: RunRecord) -> PruneJournalsResult | None:
+        handle = await handle_for(record)
+        if handle is None:
+            return None
+        return await prune_journals(handle, runs, dir=journal_dir, orphan_ttl_ms=orphan_ttl_ms)
+
+    return prune
 
 
 def sandbox_handle_for(provider: SandboxProvider, instances: SandboxInstanceStore) -> HandleFor:
@@ -246,6 +274,7 @@ class _Sweep:
         reclaim: Reclaim | None,
         lease_ttl_ms: int,
         logger: logging.Logger,
+        prune: Prune | None = None,
     ) -> None:
         self.runs = runs
         self.locks = locks
@@ -256,6 +285,7 @@ class _Sweep:
         self.run_budget_ms = run_budget_ms
         self.fence_quiet_ms = fence_quiet_ms
         self.reclaim = reclaim
+        self.prune = prune
         self.lease_ttl_ms = lease_ttl_ms
         self.logger = logger
         self.result = ReapResult()
@@ -323,6 +353,12 @@ class _Sweep:
         except (RunClaimNotAcquiredError, RunClaimLostError) as exc:
             return ReapRunEntry(run_id=run_id, outcome="not-claimed", exit_code=exit_code, error=_describe(exc))
         entry = self.classify(record, final, expired, budget_fired, exit_code)
+        if self.prune is not None and is_terminal_status(final.status):
+            # After the terminal record, never before: a journal is what a successor replays.
+            try:
+                await self.prune(record)
+            except Exception as exc:
+                _log(self.logger, logging.WARNING, "reaper: run %r: pruning its journals failed: %s", run_id, exc)
         if self.reclaim is not None and is_terminal_status(final.status):
             try:
                 # The LISTED record: it carries the sandbox_key that the record rebuilt after a failed write lacks.
@@ -363,6 +399,7 @@ async def reap_detached_runs(
     reclaim: Reclaim | None = None,
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
     logger: logging.Logger | None = None,
+    prune: Prune | None = None,
 ) -> ReapResult:
     """Sweep detached runs once (R64-R68). Never raises; read the ``outcomes`` tally.
 
@@ -379,7 +416,8 @@ async def reap_detached_runs(
     - the drive waits for the log to go quiet, then pipes ``drive(run_id, thread_id,
       signal)`` under both fences; the signal fires on a lost lease or the budget;
     - a refused or lost claim, or a run still not terminal after it: ``not-claimed``;
-    - a terminal run gets ``reclaim(listed_record)``; its raise: ``reclaim-failed``;
+    - a terminal run gets ``prune(listed_record)`` (``journal_pruner``: ``prune_journals`` on its
+      sandbox; a raise is logged), then ``reclaim(listed_record)``; its raise: ``reclaim-failed``;
     - anything else raising: ``failed``. The reaper never clears ``detached_since``.
     """
     logger = logger or _logger
@@ -396,6 +434,7 @@ async def reap_detached_runs(
         reclaim,
         lease_ttl_ms,
         logger,
+        prune,
     )
     result = sweep.result
     list_reclaimable = getattr(runs, "list_reclaimable", None)
@@ -427,6 +466,7 @@ __all__ = [
     "REAP_OUTCOMES",
     "HandleFor",
     "HasFinished",
+    "Prune",
     "ReapDrive",
     "ReapResult",
     "ReapRunEntry",
@@ -435,6 +475,7 @@ __all__ = [
     "ReclaimOutcome",
     "ReclaimResult",
     "has_finished_via_journal",
+    "journal_pruner",
     "reap_detached_runs",
     "reclaim_sandbox",
     "sandbox_handle_for",

@@ -308,6 +308,49 @@ async def case_a40_signal_held_while_holding(locks: LockStore) -> None:
     _expect(isinstance(locks.durable, bool), f"durable must be a bool, got {locks.durable!r}")
 
 
+def _lock_block(locks: LockStore, key: str) -> AbstractAsyncContextManager[LeaseSignal]:
+    lock = getattr(locks, "lock", None)
+    if lock is None:
+        _fail(f"{type(locks).__name__} has no lock(key) block (BlockLockStore); use hold_lock over with_lock")
+    return cast(AbstractAsyncContextManager[LeaseSignal], lock(key))
+
+
+async def case_a40_block_holds_then_frees_and_owns_its_tasks(locks: LockStore) -> None:
+    """``async with locks.lock(key) as lease:`` holds the key for the block only, and every task the
+    block started (a lease renewal) is gone once it left: cancelled and awaited, never left running."""
+    before = asyncio.all_tasks()
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def holder() -> bool:
+        async with _lock_block(locks, "block") as lease:
+            _expect(isinstance(lease, LeaseSignal), f"{lease!r} is not a LeaseSignal")
+            entered.set()
+            await release.wait()
+            return lease.lost
+
+    held = asyncio.create_task(holder())
+    await asyncio.wait_for(entered.wait(), _PROMPT)
+    waiter = asyncio.create_task(locks.with_lock("block", lambda _s: asyncio.sleep(0, "second")))
+    await asyncio.sleep(0.05)
+    _expect(not waiter.done(), "a second holder got in while the block held the key")
+    release.set()
+    _equal(await asyncio.wait_for(held, _PROMPT), False, "lease.lost inside the block")
+    _equal(await asyncio.wait_for(waiter, _PROMPT), "second", "the next holder once the block left")
+    left = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()}
+    _expect(not left, f"tasks outlived the lock block: {sorted(t.get_name() for t in left)}")
+
+
+async def case_a40_block_frees_on_error(locks: LockStore) -> None:
+    """A block that raises leaves with its own error and frees the key."""
+    with contextlib.suppress(LookupError):
+        async with _lock_block(locks, "block-error"):
+            raise LookupError("the body failed")
+    async with asyncio.timeout(_PROMPT):
+        async with _lock_block(locks, "block-error") as lease:
+            _expect(not lease.lost, "the next block's lease is held")
+
+
 LOCK_CASES: tuple[tuple[str, LockCase], ...] = (
     ("test_a40_serial_per_key", case_a40_serial_per_key),
     ("test_a40_keys_concurrent", case_a40_keys_concurrent),
@@ -315,6 +358,8 @@ LOCK_CASES: tuple[tuple[str, LockCase], ...] = (
     ("test_a40_cancelled_holder_frees_key", case_a40_cancelled_holder_frees_key),
     ("test_a40_cancelled_waiter_never_enters", case_a40_cancelled_waiter_never_enters),
     ("test_a40_signal_held_while_holding", case_a40_signal_held_while_holding),
+    ("test_a40_block_holds_then_frees_and_owns_its_tasks", case_a40_block_holds_then_frees_and_owns_its_tasks),
+    ("test_a40_block_frees_on_error", case_a40_block_frees_on_error),
 )
 
 
@@ -399,6 +444,8 @@ __all__ = [
     "case_a37_keys_isolated",
     "case_a38_delete_removes",
     "case_a39_delete_missing_is_noop",
+    "case_a40_block_frees_on_error",
+    "case_a40_block_holds_then_frees_and_owns_its_tasks",
     "case_a40_cancelled_holder_frees_key",
     "case_a40_cancelled_waiter_never_enters",
     "case_a40_keys_concurrent",
