@@ -26,7 +26,7 @@ from .file_hooks import FileHook
 from .policy import SandboxPolicy, network_policy_for
 from .sandbox import CreateInput, DestroyInput, RestoreInput, ResumeInput, SandboxHandle, SandboxProvider
 from .secrets import resolve_all_secrets
-from .stores.base import InstanceRecord, LeaseSignal, LockStore, SandboxInstanceStore, warn_if_not_durable
+from .stores.base import InstanceRecord, LockStore, SandboxInstanceStore, hold_lock, warn_if_not_durable
 from .stores.memory import MemoryInstanceStore, MemoryLockStore
 from .workspace import BootstrapResult, Workspace, bootstrap, stable_hash, workspace_hash
 
@@ -183,7 +183,7 @@ class SandboxDefinition:
         store, locks = _stores(ctx)
         key = self.instance_key(ctx)
 
-        async def locked(_lease: LeaseSignal) -> EnsureResult:
+        async with hold_lock(locks, f"sandbox:{key}"):
             record = await self._fresh_record(store, key)
             if record is not None:
                 # A provider without resume by id (local-process, decision 5) creates again instead.
@@ -195,18 +195,14 @@ class SandboxDefinition:
                     return restored
             return await self._create(store, key, ctx)
 
-        return await locks.with_lock(f"sandbox:{key}", locked)
-
     async def ensure_existing(self, ctx: EnsureContext) -> EnsureResult | None:
         """Resume only: ``None`` for a missing or stale record or a failed resume (R35)."""
         store, locks = _stores(ctx)
         key = self.instance_key(ctx)
 
-        async def locked(_lease: LeaseSignal) -> EnsureResult | None:
+        async with hold_lock(locks, f"sandbox:{key}"):
             record = await self._fresh_record(store, key)
             return None if record is None else await self._resume(store, record, ctx)
-
-        return await locks.with_lock(f"sandbox:{key}", locked)
 
     async def destroy(self, ctx: EnsureContext, handle: SandboxHandle | None = None) -> None:
         """Destroy the recorded sandbox under a fresh 60 s scope, then forget it (R36).
