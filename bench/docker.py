@@ -86,7 +86,10 @@ def ensure_swerex(base_image: str) -> str | None:
     """Build the SWE-ReX image and client venv when missing; None when ready, else why not."""
     if not os.path.exists(f"{SWEREX_VENV}/bin/python"):
         subprocess.run([sys.executable, "-m", "venv", SWEREX_VENV], check=True)
-        pip = subprocess.run([f"{SWEREX_VENV}/bin/pip", "install", "-q", SWEREX], capture_output=True, text=True)
+        # aiohttp: the client's RemoteRuntime imports it, and swe-rex 1.4.0 does not declare it.
+        pip = subprocess.run(
+            [f"{SWEREX_VENV}/bin/pip", "install", "-q", SWEREX, "aiohttp"], capture_output=True, text=True
+        )
         if pip.returncode != 0:
             shutil.rmtree(SWEREX_VENV, ignore_errors=True)
             return f"could not install {SWEREX} into {SWEREX_VENV}: {pip.stderr[-300:]}"
@@ -132,7 +135,8 @@ async def main(image, rounds):
                     trips.append(time.perf_counter() - t)
         finally:
             await d.stop()
-    print(json.dumps({"start": statistics.median(starts) * 1000, "exec": statistics.median(trips) * 1000}))
+    result = {"start": statistics.median(starts) * 1000, "exec": statistics.median(trips) * 1000}
+    print("BENCH-RESULT " + json.dumps(result))
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
@@ -147,7 +151,11 @@ def swerex_figures(rounds: int) -> tuple[float, float]:
     )
     if run.returncode != 0:
         raise RuntimeError(f"SWE-ReX bench failed: {run.stderr[-500:]}")
-    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    # SWE-ReX logs to stdout too: the result is the marked line.
+    marked = [line for line in run.stdout.splitlines() if line.startswith("BENCH-RESULT ")]
+    if not marked:
+        raise RuntimeError(f"SWE-ReX bench printed no result: {run.stdout[-300:]} {run.stderr[-300:]}")
+    figures = json.loads(marked[-1].removeprefix("BENCH-RESULT "))
     return float(figures["start"]), float(figures["exec"])
 
 
@@ -165,7 +173,10 @@ def main() -> int:
         if not args.no_swerex:
             problem = ensure_swerex(args.image)
             if problem is None:
-                rex = swerex_figures(args.rounds)
+                try:
+                    rex = swerex_figures(args.rounds)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    why = str(exc)
             else:
                 why = problem
     finally:
