@@ -26,7 +26,7 @@ from .abort import AbortSignal
 from .auth import AuthMode
 from .colocated import colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
-from .errors import DurableRunIdRequiredError, HalfDurableRunError
+from .errors import DurableAttachNotSupportedError, DurableRunIdRequiredError, HalfDurableRunError
 from .events import (
     CustomEvent,
     Event,
@@ -48,6 +48,7 @@ from .harnesses.base import (
     executable_argv,
 )
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
+from .harnesses.interactive import AgentChannel, Interactive
 from .host_paths import expose_host_command, host_path_env
 from .journal import (
     DEFAULT_FIRST_BYTE_TIMEOUT_MS,
@@ -429,8 +430,11 @@ async def _drive(
     watcher: WorkspaceWatcher | None = None
     held: Event | None = None
     process: SpawnHandle | None = None
+    channel: AgentChannel | None = None
 
     async def teardown() -> None:
+        if channel is not None:
+            await channel.close()
         if process is not None:
             # Normally long gone; after an error or a cancel, the agent must not outlive the run.
             with contextlib.suppress(Exception):
@@ -455,8 +459,12 @@ async def _drive(
             on_file = _calling_hooks(run.on_file, hooks) if hooks.active else run.on_file
             watcher = await WorkspaceWatcher(handle, on_file, root=hctx.cwd).start()
         translator = harness.translator(hctx)
+        # A protocol agent (ACP) is answered on its stdin while it runs: see harnesses/interactive.py.
+        interactive = isinstance(translator, Interactive)
         stdin = plan.stdin if hctx.capabilities.writable_stdin else None
         journaled: asyncio.Task[tuple[int | None, str]] | None = None
+        if interactive and journal is not None:
+            raise DurableAttachNotSupportedError(harness.name, "it converses with its agent over stdin; run it unjournaled")
         if journal is not None:
             paths = journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle))
             if not journal.attach:
@@ -464,16 +472,22 @@ async def _drive(
                 await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)
             journaled = run.spawn(_pump_journal(handle, paths, journal, translator, run, signal))
         else:
+            # An interactive agent is told of a cancel first (its channel kills it after a grace period).
             process = await handle.process.spawn(
-                plan.command, ProcessOptions(cwd=hctx.cwd, env=plan.env, signal=signal)
+                plan.command, ProcessOptions(cwd=hctx.cwd, env=plan.env, signal=None if interactive else signal)
             )
             run.spawn(_pump_stdout(process.stdout, translator, run))
             run.spawn(_pump_stderr(process.stderr, run))
-            if stdin is not None:
+            if isinstance(translator, Interactive):
+                channel = AgentChannel(process, handle, hctx.cwd, run.queue.put_nowait, signal)
+                channel.listen(translator)
+                translator.attach(channel)
+            elif stdin is not None:
                 with contextlib.suppress(Exception):  # an agent that exits at once closes its stdin
                     await process.stdin.write(stdin)
-            with contextlib.suppress(Exception):
-                await process.stdin.end()
+            if channel is None:
+                with contextlib.suppress(Exception):
+                    await process.stdin.end()
 
         while (item := await run.queue.get()) is not _DONE:
             for event in _events(item):
@@ -493,6 +507,8 @@ async def _drive(
         else:
             assert process is not None
             exit_code = await process.wait()
+            if channel is not None:
+                await channel.close()  # its writer and its requests end with the agent
             await asyncio.gather(*run.tasks)
             stderr_tail = run.stderr_tail()
         for event in translator.finish(exit_code, stderr_tail):
