@@ -464,7 +464,8 @@ async def _drive(
         stdin = plan.stdin if hctx.capabilities.writable_stdin else None
         journaled: asyncio.Task[tuple[int | None, str]] | None = None
         if interactive and journal is not None:
-            raise DurableAttachNotSupportedError(harness.name, "it converses with its agent over stdin; run it unjournaled")
+            reason = "it converses with its agent over stdin; run it unjournaled"
+            raise DurableAttachNotSupportedError(harness.name, reason)
         if journal is not None:
             paths = journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle))
             if not journal.attach:

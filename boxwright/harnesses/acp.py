@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -360,6 +360,17 @@ def _text_of(content: Any) -> str | None:
     return "\n".join(parts) if parts else None
 
 
+def _command_text(command: Any) -> str | None:
+    """The shell command a tool call runs: a string, or an argv (codex-acp: ``["/bin/bash", "-lc", cmd]``)."""
+    if isinstance(command, str):
+        return command
+    if isinstance(command, list) and command and all(isinstance(part, str) for part in command):
+        if len(command) == 3 and posixpath.basename(command[0]) in ("bash", "sh", "zsh") and command[1] in ("-c", "-lc"):
+            return str(command[2])
+        return " ".join(command)
+    return None
+
+
 class AcpTranslator:
     """ACP lines -> AG-UI events, and the client side of the conversation. Never raises from ``feed``."""
 
@@ -465,10 +476,8 @@ class AcpTranslator:
                 NewSessionResult,
             )
             self._session_id = created.session_id
-        channel.emit(
-            self._frame.start()
-            + [CustomEvent(name=f"{self._harness.label}.session-id", value={"sessionId": self._session_id})]
-        )
+        announced = CustomEvent(name=f"{self._harness.label}.session-id", value={"sessionId": self._session_id})
+        channel.emit([*self._frame.start(), announced])
 
     def _mcp_servers(self) -> list[McpServerHttp]:
         bridge = self._ctx.bridge
@@ -563,9 +572,9 @@ class AcpTranslator:
         policy = self._ctx.policy
         if policy is None or self._bridged_name(title) is not None:
             return "allow"  # no policy = bypassPermissions (R40); our own bridge tools are the app's
-        command = tool_input.get("command")
+        command = _command_text(tool_input.get("command"))
         action: ApprovalKind
-        if kind == "execute" and isinstance(command, str):
+        if kind == "execute" and command is not None:
             action, target = "command", command
         elif kind in _WRITE_KINDS:
             action, target = "fileWrite", title
