@@ -15,8 +15,9 @@ Measured against Codex 0.169.0 (recordings in ``tests/fixtures/codex``). Facts t
 
 Two sandboxes. Codex has its own (``--sandbox``, bwrap on Linux). On ``local-process`` it is the only
 layer, so it stays on (``workspace-write``). Inside boxwright's bubblewrap or a container, ours
-holds: nested bwrap cannot create its namespaces there, so Codex runs ``danger-full-access`` and
-the policy is enforced by the outer sandbox. A ``sandbox_mode`` given explicitly wins.
+holds: nested bwrap cannot create its namespaces there (measured in boxwright's bubblewrap: every
+command fails "bwrap: No permissions to create new namespace"), so Codex runs ``danger-full-access``
+and the outer sandbox is the boundary. A ``sandbox_mode`` given explicitly wins.
 
 Permission hook: none. ``codex exec`` never asks anyone (approvals only exist in its interactive
 and app-server modes), so a policy maps to the sandbox mode and ``approval_policy`` (``codex_permissions``)
@@ -166,6 +167,10 @@ class CodexHarness:
             secrets.append(ctx.bridge.token)
         env.update(self.env)
         command = " ".join(parts)
+        made = [env[name] for name in ("CODEX_HOME", "TMPDIR") if env.get(name)]
+        if made:
+            # Codex refuses a CODEX_HOME that does not exist; a sandbox's private /tmp starts empty.
+            command = f"mkdir -p -- {' '.join(q(path) for path in made)} && {command}"
         scrub = scrub_env_for(NAME, resolve_auth_mode(ctx.auth_mode, self.auth_mode))
         if scrub:
             command = f"unset {' '.join(scrub)}; {command}"
