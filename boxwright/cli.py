@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import msgspec
@@ -30,8 +30,6 @@ class Check(msgspec.Struct):
 # Names a user of other sandbox libraries looks for: listed so that doctor says plainly they are not here yet.
 NOT_SUPPORTED_YET = (
     ("provider", "e2b"),
-    ("agent-cli", "codex"),
-    ("agent-cli", "opencode"),
     ("agent-cli", "grok-build"),
 )
 NOT_SUPPORTED = "not supported yet: boxwright has no provider or harness for it"
@@ -79,6 +77,55 @@ def _cli_check(name: str, binary: str, package: str) -> Check:
     return Check("agent-cli", name, False, f"`{binary}` not found on PATH; npm install {package}")
 
 
+def _cli_version_check(name: str, binary: str, package: str) -> Check:
+    """The binary (as ``_cli_check`` finds it) and the version it reports; a CLI that cannot say is a failure."""
+    found = _cli_check(name, binary, package)
+    if not found.ok:
+        return found
+    try:
+        done = subprocess.run([found.detail, "--version"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("agent-cli", name, False, f"{found.detail} did not answer --version: {exc}")
+    version = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or ["?"]
+    if done.returncode != 0:
+        return Check("agent-cli", name, False, f"{found.detail} --version exited {done.returncode}: {version[0]}")
+    return Check("agent-cli", name, True, f"{found.detail} ({version[0]})")
+
+
+def _key_or_login_check(name: str, keys: Sequence[str], login: str, hint: str) -> Check:
+    """A model key in the env (named, never printed) or the CLI's own login file (only its presence)."""
+    present = [key for key in keys if os.environ.get(key)]
+    if present:
+        return Check("agent-auth", name, True, f"model key in ${present[0]} (passed to the agent)")
+    if os.path.isfile(login) and os.path.getsize(login) > 0:
+        return Check("agent-auth", name, True, f"the CLI's own login in {login} (local-process runs see it)")
+    return Check("agent-auth", name, False, hint)
+
+
+def _codex_auth_check() -> Check:
+    from .auth import HARNESS_KEY_ENV
+
+    home = os.environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
+    return _key_or_login_check(
+        "codex",
+        HARNESS_KEY_ENV["codex"],
+        os.path.join(home, "auth.json"),
+        "no model key and no login: set CODEX_API_KEY, or run `codex login`",
+    )
+
+
+def _opencode_auth_check() -> Check:
+    from .auth import OPENCODE_KEY_ENV
+
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return _key_or_login_check(
+        "opencode",
+        OPENCODE_KEY_ENV,
+        os.path.join(data, "opencode", "auth.json"),
+        "no model key and no login: set OPENAI_API_KEY, or run `opencode auth login`",
+    )
+
+
 def doctor_checks() -> list[Check]:
     from .providers.bubblewrap import describe_posture, probe
 
@@ -99,6 +146,10 @@ def doctor_checks() -> list[Check]:
         *_docker_checks(),
         _cli_check("claude-code", "claude", "@anthropic-ai/claude-code"),
         _claude_auth_check(),
+        _cli_version_check("codex", "codex", "@openai/codex"),
+        _codex_auth_check(),
+        _cli_version_check("opencode", "opencode", "opencode-ai"),
+        _opencode_auth_check(),
         *(Check(kind, name, False, NOT_SUPPORTED) for kind, name in NOT_SUPPORTED_YET),
     ]
     return checks
@@ -188,15 +239,45 @@ def _workspace(repo: str | None) -> Any:
     return define_workspace(source=local_source(path))
 
 
-def _harness(spec: str, model: str | None) -> Any:
+def _claude_code_harness(model: str | None) -> Any:
     from .harnesses.claude_code import claude_code
+
+    return claude_code(model)
+
+
+def _codex_harness(model: str | None) -> Any:
+    from .harnesses.codex import codex
+
+    return codex(model)
+
+
+def _opencode_harness(model: str | None) -> Any:
+    from .harnesses.opencode import opencode
+
+    return opencode(model)
+
+
+# ``--harness NAME``: each entry builds the harness for ``--model`` (None: the CLI's own default).
+HARNESSES: dict[str, Callable[[str | None], Any]] = {
+    "claude-code": _claude_code_harness,
+    "codex": _codex_harness,
+    "opencode": _opencode_harness,
+}
+
+
+def _harness(spec: str, model: str | None) -> Any:
     from .harnesses.command import command_harness
 
-    if spec == "claude-code":
-        return claude_code(model)
+    build = HARNESSES.get(spec)
+    if build is not None:
+        try:
+            return build(model)
+        except ValueError as exc:  # e.g. an OpenCode model that is not provider/model
+            _usage_error(f"--harness {spec}: {exc}")
     if spec.startswith("command:") and spec[len("command:") :].strip():
         return command_harness(spec[len("command:") :])
-    raise SystemExit(f"--harness takes claude-code or command:<shell command>, got {spec!r}")
+    names = ", ".join(HARNESSES)
+    raise SystemExit(f"--harness takes one of {names}, or command:<shell command>, got {spec!r}")
 
 
 def _provider(name: str, image: str | None = None) -> Any:
@@ -404,7 +485,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--repo", help="a git URL, a git repository or a directory to work in")
     run.add_argument("--provider", default="local", help="local (default), bubblewrap or docker")
     run.add_argument("--image", default=None, help="the Docker image (--provider docker; default: the runner image)")
-    run.add_argument("--harness", default="claude-code", help="claude-code (default) or command:<shell command>")
+    run.add_argument(
+        "--harness", default="claude-code", help="claude-code (default), codex, opencode or command:<shell command>"
+    )
     run.add_argument("--model", help="the model the agent uses")
     run.add_argument("--tools", help="MODULE:ATTR: Python tools to bridge to the agent")
     run.add_argument(

@@ -118,7 +118,7 @@ def test_doctor_says_what_is_not_supported_yet_and_whether_claude_can_log_in(tmp
     home = tmp_path / "home"
     home.mkdir()
     checks = _doctor(tmp_path, HOME=str(home))
-    for name in ("provider:docker", "provider:e2b", "agent-cli:codex", "agent-cli:opencode", "agent-cli:grok-build"):
+    for name in ("provider:docker", "provider:e2b", "agent-cli:grok-build"):
         assert checks[name]["ok"] is False and "not supported yet" in str(checks[name]["detail"]), checks[name]
     assert checks["agent-auth:claude-code"]["ok"] is False
     assert "ANTHROPIC_API_KEY" in str(checks["agent-auth:claude-code"]["detail"])
@@ -144,6 +144,28 @@ def test_doctor_says_what_is_not_supported_yet_and_whether_claude_can_log_in(tmp
         timeout=60,
     ).stdout
     assert "--  docker" in text and "ok  docker" not in text
+
+
+def test_doctor_reports_codex_and_opencode_binary_version_and_auth(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    path = f"/opt/boxwright-agents/node_modules/.bin:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    checks = _doctor(tmp_path, HOME=str(home), PATH=path, XDG_DATA_HOME=str(home / "data"), CODEX_HOME=str(home / "cx"))
+    for name, version in (("codex", "codex-cli "), ("opencode", ".")):
+        cli = checks[f"agent-cli:{name}"]
+        if not cli["ok"] and "not found" in str(cli["detail"]):
+            continue  # not installed here: the line says how to install it
+        assert cli["ok"] is True and version in str(cli["detail"]).split("(", 1)[1], cli
+        assert checks[f"agent-auth:{name}"]["ok"] is False
+    key = "sk-do-not-print-me-0123456789"
+    keyed = _doctor(tmp_path, HOME=str(home), CODEX_API_KEY=key, OPENAI_API_KEY=key)
+    assert "$CODEX_API_KEY" in str(keyed["agent-auth:codex"]["detail"]) and keyed["agent-auth:codex"]["ok"] is True
+    assert "$OPENAI_API_KEY" in str(keyed["agent-auth:opencode"]["detail"]) and key not in str(keyed)
+    (home / "cx").mkdir()
+    (home / "cx" / "auth.json").write_text('{"tokens": {"access_token": "secret-token"}}')
+    login = _doctor(tmp_path, HOME=str(home), CODEX_HOME=str(home / "cx"))
+    assert login["agent-auth:codex"]["ok"] is True and "auth.json" in str(login["agent-auth:codex"]["detail"])
+    assert "secret-token" not in str(login)
 
 
 def _age(path: Path, seconds: float) -> None:
