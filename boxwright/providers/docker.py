@@ -65,6 +65,8 @@ from ..sandbox import (
     SandboxChannel,
     SnapshotRef,
 )
+from ._docker_fast import SERVER as _FAST_SERVER
+from ._docker_fast import FastExec, FastExecLost, FastExecUnavailable
 from ._posix import HandleEnv, Logger, StdlibLogger, TextStream
 
 NAME = "docker"
@@ -382,6 +384,18 @@ class DockerProcesses:
         return process
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
+        handle = self._handle
+        if handle._fast is not None and (opts is None or opts.signal is None):
+            # The fast path: a hang-up (our cancel) kills the command inside; abort signals take docker exec,
+            # whose pid-file kill reports the signal's exit code.
+            opts = opts or ProcessOptions()
+            cwd = opts.cwd or handle.workdir
+            if not cwd.startswith("/"):
+                cwd = f"{handle.workdir}/{cwd}"
+            argv = ["sh", "-c", 'cd "$1" || exit 2; sh -c "$2"', "boxwright", cwd, command]
+            result = await handle._fast_exec(argv, {**handle.env.get(), **(opts.env or {})})
+            if result is not None:
+                return result
         process = await self.spawn(command, opts, stdin=False)
         try:
             out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
@@ -536,6 +550,13 @@ class DockerHandle:
         self.process = DockerProcesses(self)
         self.git = ExecGit(self.process)
         self.ports = DockerPorts(self)
+        self._fast: FastExec | None = None
+        self._fast_server: DockerProcess | None = None
+        self._fast_start: asyncio.Task[None] | None = None
+
+    def start_fast_exec(self) -> None:
+        if self._fast_start is None and self.network == "allow" and self._provider.fast_exec:
+            self._fast_start = asyncio.get_running_loop().create_task(self._start_fast())
 
     def _warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
         self._logger.warn(message, {"container": self.id[:12], **(meta or {})})
@@ -566,8 +587,45 @@ class DockerHandle:
             raise self._gone(exc) from exc
         return DockerProcess(self, created["Id"], raw, pid_file, stdin)
 
+    async def _fast_exec(self, argv: Sequence[str], env: Mapping[str, str]) -> ExecResult | None:
+        """``argv`` through the container's exec server; None when it cannot carry it (nothing ran)."""
+        fast = self._fast
+        if fast is None:
+            return None
+        try:
+            return await fast.run(argv, env)
+        except FastExecUnavailable as exc:
+            self._fast = None
+            self._warn("the container's fast exec server stopped answering; using docker exec", {"error": str(exc)})
+            return None
+        except FastExecLost as exc:
+            raise SandboxNotFoundError(NAME, self.id, f"lost a command: {exc}") from exc
+
+    async def _start_fast(self) -> None:
+        """Start the exec server (in the background, after create); the handle uses it once it answers."""
+        try:
+            host = await self.address()
+            token = FastExec.new_token()
+            server = await self._start_exec(
+                # The script travels in the env, popped at once: `ps` shows one short line.
+                ["python3", "-c", 'import os; exec(os.environ.pop("BOXWRIGHT_EXEC_SERVER"))', host],
+                {"BOXWRIGHT_EXEC_TOKEN": token, "BOXWRIGHT_EXEC_SERVER": _FAST_SERVER},
+                True,
+                None,
+            )
+            self._fast_server = server  # its open stdin is the server's life line
+            line = await asyncio.wait_for(server.stdout.__anext__(), 20.0)
+            port = int(line.strip().splitlines()[0])
+        except (Exception, StopAsyncIteration):
+            return  # no python3, no address (network deny), a slow start: docker exec it stays
+        self._fast = FastExec(host, port, token)
+
     async def _bare_exec(self, argv: Sequence[str], user: str | None = None) -> ExecResult:
         """An exec with no wrapper and no stdin, for fs ops and kill scripts; the handle env is not needed."""
+        if user is None:
+            result = await self._fast_exec(argv, {})
+            if result is not None:
+                return result
         process = await self._start_exec(argv, {}, False, None, user)
         out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
         return ExecResult(stdout=out, stderr=err, exit_code=code)
@@ -607,8 +665,15 @@ class DockerHandle:
         )
 
     async def destroy(self) -> None:
+        if self._fast_start is not None:
+            self._fast_start.cancel()
+            with contextlib.suppress(BaseException):
+                await self._fast_start
+        self._fast = None
         await self.process.kill_all()
         await self._provider.destroy(DestroyInput(id=self.id))
+        if self._fast_server is not None:
+            self._fast_server._close_socket()
 
 
 def _tag(label: str) -> str:
@@ -636,7 +701,9 @@ class DockerProvider:
         lease_seconds: float = DEFAULT_LEASE,
         base_url: str | None = None,
         logger: Logger | None = None,
+        fast_exec: bool = True,
     ) -> None:
+        self.fast_exec = fast_exec
         self.image = image
         self.workdir = workdir.rstrip("/") or "/"
         self.user = user
@@ -758,6 +825,7 @@ class DockerProvider:
             with contextlib.suppress(Exception):
                 await api.call(api.api.remove_container, cid, force=True, v=True)
             raise
+        handle.start_fast_exec()
         return handle
 
     async def _restore(self, input: RestoreInput) -> DockerHandle:
@@ -781,7 +849,9 @@ class DockerProvider:
         network: Literal["allow", "deny"] = (
             "deny" if (info.get("HostConfig") or {}).get("NetworkMode") == "none" else "allow"
         )
-        return DockerHandle(self, str(info["Id"]), None, network)
+        handle = DockerHandle(self, str(info["Id"]), None, network)
+        handle.start_fast_exec()
+        return handle
 
     async def destroy(self, input: DestroyInput) -> None:
         api = self.api
@@ -830,12 +900,14 @@ def docker_sandbox(
     lease_seconds: float = DEFAULT_LEASE,
     base_url: str | None = None,
     logger: Logger | None = None,
+    fast_exec: bool = True,
 ) -> DockerProvider:
     """A provider whose sandboxes are containers of ``image`` (a local image: never pulled).
 
     Commands run as ``user`` (non-root by default) with no capabilities, no new
     privileges and the ``limits``; ``network="deny"`` gives the container no network.
-    ``publish_ports`` are bound to 127.0.0.1 on daemon-chosen host ports.
+    ``publish_ports`` are bound to 127.0.0.1 on daemon-chosen host ports. ``fast_exec`` runs
+    plain commands through a small server in the container (``_docker_fast``) once it answers.
     """
     return DockerProvider(
         image,
@@ -850,4 +922,5 @@ def docker_sandbox(
         lease_seconds=lease_seconds,
         base_url=base_url,
         logger=logger,
+        fast_exec=fast_exec,
     )
