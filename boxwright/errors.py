@@ -389,6 +389,15 @@ class RunThreadMismatchError(BoxwrightError, ValueError):
         super().__init__(f"run {run_id!r} belongs to another thread, not to {thread_id!r}")
 
 
+class RunExistsError(BoxwrightError, LookupError):
+    """``RunStore.create`` found a record under that id already (created by another request, maybe at once)."""
+
+    def __init__(self, run_id: str, thread_id: str) -> None:
+        self.run_id = run_id
+        self.thread_id = thread_id  # the thread of the record that exists
+        super().__init__(f"run {run_id!r} exists already (thread {thread_id!r})")
+
+
 class ThreadBusyError(BoxwrightError, RuntimeError):
     """A run was started on a thread that has an active run (an HTTP 409 ``thread_busy``)."""
 

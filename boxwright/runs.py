@@ -44,7 +44,7 @@ import functools
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeAlias, TypeGuard, get_args, runtime_checkable
 
@@ -53,13 +53,15 @@ from msgspec import UNSET, UnsetType
 
 from boxwright import ids as _ids
 from boxwright._faults import fault_point
-from boxwright.abort import AbortController, AbortSignal
+from boxwright._pull import Ended, Failed, Puller
+from boxwright.abort import AbortController, AbortSignal, wait_unless_aborted
 from boxwright.errors import (
     EpochFencedError,
     EventLogClosedError,
     InvalidOffsetError,
     InvalidRunStatusError,
     RunAlreadyDrivenError,
+    RunExistsError,
 )
 from boxwright.events import EVENT_TYPES, CustomEvent, Event, RunErrorEvent, RunFinishedEvent, TokenUsage, now_ms
 
@@ -219,13 +221,7 @@ async def wait_event_or_abort(event: asyncio.Event, signal: AbortSignal | None) 
         return True
     if signal.aborted:
         return False
-    waiter = asyncio.ensure_future(event.wait())
-    aborted = asyncio.ensure_future(signal.wait())
-    try:
-        await asyncio.wait({waiter, aborted}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        aborted.cancel()
+    await wait_unless_aborted(event.wait(), signal)
     return not signal.aborted
 
 
@@ -253,6 +249,32 @@ class RunStore(Protocol):
     async def find_active_run(self, thread_id: str) -> RunRecord | None:
         """The ``running`` run of ``thread_id`` that started last, or ``None``."""
         ...
+
+
+@runtime_checkable
+class RunCreation(Protocol):
+    """An atomic insert (both built-in stores have it; feature-detect with ``isinstance``)."""
+
+    async def create(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
+        """A new ``running`` record; ``RunExistsError`` (with the existing record's thread) if the id has one.
+
+        Atomic: of any number of concurrent creates of one id, exactly one returns.
+        """
+        ...
+
+
+async def create_run(runs: RunStore, run_id: str, thread_id: str) -> RunRecord:
+    """A new record for ``run_id`` or ``RunExistsError``: the store's atomic ``create`` when it has one.
+
+    A store without it gets a lookup then ``create_or_resume``: two requests racing for one id
+    there may both pass, which only an atomic insert rules out.
+    """
+    if isinstance(runs, RunCreation):
+        return await runs.create(run_id, thread_id)
+    existing = await runs.get(run_id)
+    if existing is not None:
+        raise RunExistsError(run_id, existing.thread_id)
+    return await runs.create_or_resume(run_id, thread_id)
 
 
 @runtime_checkable
@@ -449,6 +471,8 @@ class _Pump:
                 pulling = tasks.create_task(puller.run(), name=f"boxwright pull {self.run_id!r}")
                 try:
                     await self.pull_all(puller, signal, abort_waiter)
+                except Exception as exc:  # caught here: out of the group it would be an ExceptionGroup
+                    self.note_failure(RunError(message=_describe(exc), code=_error_code(exc)))
                 finally:
                     if abort_waiter is not None and abort_waiter.done():
                         pulling.cancel()  # an abort interrupts the pull in flight, as it always did
@@ -495,10 +519,13 @@ class _Pump:
                 await self.flush()
         if abort_waiter is not None and not pending.done():
             # Both are plain futures: the race creates no task.
-            await asyncio.wait({pending, abort_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            racers: set[asyncio.Future[Any]] = {pending, abort_waiter}
+            await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
             if not pending.done():
                 raise _Aborted
         item = await pending  # pulled before (or with) the abort: kept; the loop then stops
+        if isinstance(item, (Ended, Failed)) and abort_waiter is not None and abort_waiter.done():
+            raise _Aborted  # a producer that ends (or raises) on the abort was stopped, not finished
         if isinstance(item, Ended):
             raise StopAsyncIteration
         if isinstance(item, Failed):
@@ -757,6 +784,8 @@ def _verdict(detached: Callable[[], bool]) -> bool:
 # -- RunController --------------------------------------------------------------------------------
 
 StreamSource: TypeAlias = AsyncIterable[Event] | Callable[[str], AsyncIterable[Event]]
+# Creates a run's task from its coroutine and name (a TaskGroup's create_task, say).
+Spawn: TypeAlias = Callable[[Coroutine[Any, Any, "RunRecord"], str], "asyncio.Task[RunRecord]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -776,12 +805,22 @@ class RunController:
     """Drives many runs at once in background tasks, each into its own log, and tails them.
 
     Keeps a strong reference to every task until it ends; ``drain()`` waits for all of them.
+    ``spawn`` creates each run's task (default: a task of the running loop); an owner such as
+    ``SandboxService`` passes its TaskGroup's ``create_task`` so every run is a child of it.
     """
 
-    def __init__(self, runs: RunStore, events: EventLog, *, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        runs: RunStore,
+        events: EventLog,
+        *,
+        logger: logging.Logger | None = None,
+        spawn: Spawn | None = None,
+    ) -> None:
         self._runs = runs
         self._events = events
         self._logger = logger or log
+        self._spawn = spawn
         self._active: dict[str, tuple[asyncio.Task[RunRecord], AbortController]] = {}
 
     def start(
@@ -805,10 +844,12 @@ class RunController:
             raise RunAlreadyDrivenError(run_id)
         controller = AbortController()
         combined = AbortSignal.any([signal, controller.signal]) if signal is not None else controller.signal
-        task = asyncio.get_running_loop().create_task(
-            self._drive(stream, run_id, thread_id, combined, epoch, detached, after_terminal),
-            name=f"boxwright run {run_id!r}",
-        )
+        work = self._drive(stream, run_id, thread_id, combined, epoch, detached, after_terminal)
+        name = f"boxwright run {run_id!r}"
+        if self._spawn is not None:
+            task = self._spawn(work, name)
+        else:
+            task = asyncio.get_running_loop().create_task(work, name=name)
         self._active[run_id] = (task, controller)
         task.add_done_callback(functools.partial(self._forget, run_id))
         return RunHandle(run_id, task)
@@ -894,6 +935,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "EventLog",
     "RunController",
+    "RunCreation",
     "RunError",
     "RunHandle",
     "RunListing",
@@ -906,6 +948,7 @@ __all__ = [
     "check_epoch",
     "check_run_id",
     "check_thread_id",
+    "create_run",
     "format_offset",
     "is_run_status",
     "is_terminal_status",

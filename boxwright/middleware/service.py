@@ -18,9 +18,9 @@ import functools
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from boxwright._json import BoundedDecoder, JsonBoundsError
-from boxwright.abort import AbortController, AbortSignal
+from boxwright.abort import AbortController, AbortSignal, wait_unless_aborted
 from boxwright.agent import JournalCleanup, JournalOptions, run_agent
 from boxwright.definition import SandboxDefinition
 from boxwright.errors import (
@@ -38,6 +38,7 @@ from boxwright.errors import (
     InvalidRunIdError,
     InvalidThreadIdError,
     RunClaimLostError,
+    RunExistsError,
     RunThreadMismatchError,
     ThreadBusyError,
 )
@@ -49,11 +50,11 @@ from boxwright.runs import (
     RUN_CANCEL_REASON,
     EventLog,
     RunController,
-    RunHandle,
     RunPatch,
     RunRecord,
     RunStore,
     check_run_id,
+    create_run,
     is_terminal_status,
     request_run_cancel,
     was_cancel_requested,
@@ -66,12 +67,32 @@ from boxwright.tool_bridge.tools import Tool
 from .delivery import json_response, long_poll_response, sse_response, websocket_tail
 
 log = logging.getLogger("boxwright.middleware")
+T = TypeVar("T")
 
 STATE_KEY: Final = "boxwright"
 MAX_TRIGGER_BODY: Final = 2 * 1024 * 1024
 # How often a queued run looks whether its thread's active run, driven by another process, has ended.
 QUEUE_POLL_S: Final = 0.5
 ThreadRuns: TypeAlias = Literal["busy", "queue"]
+# What leaving ``async with service:`` (or the app's lifespan) does to the runs still going.
+OnClose: TypeAlias = Literal["detach", "drain", "cancel"]
+ON_CLOSE: Final = ("detach", "drain", "cancel")
+
+
+class ServiceClosedError(RuntimeError):
+    """The service is shutting down (or has shut down): it starts no run and takes none over (HTTP 503)."""
+
+
+@dataclass(eq=False)
+class _Driven:
+    """One run this process drives, started here or taken over: its in-process cancel band and its task."""
+
+    thread_id: str
+    abort: AbortController = field(default_factory=AbortController)
+    task: asyncio.Task[Any] | None = None  # set once started; its result is a RunRecord, or None
+    takeover: bool = False
+    # Resolved once this process's insert of the record returned (won or lost): who owns the id is known.
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class RecordDurability:
@@ -181,6 +202,14 @@ class SandboxService:
     active run at a time, since its runs share one sandbox: ``thread_runs="busy"`` (the default)
     refuses a second start with ``ThreadBusyError`` (HTTP 409 ``thread_busy``), ``"queue"``
     records it at once and starts its agent when the thread's active run has ended.
+
+    Lifecycle: ``async with service:`` (or ``Starlette(lifespan=service.lifespan)``) owns every
+    run this process drives in one TaskGroup, and on leaving does what ``on_close`` says to the
+    runs still going: ``"detach"`` (the default) lets durable runs go on in their sandboxes (the
+    record stays ``running``, the claim's lease is released, so another replica takes them over;
+    a run that is not durable cannot outlive us and is aborted), ``"drain"`` waits for them to
+    end, ``"cancel"`` cancels them. A service never entered drives its runs in tasks of the loop,
+    held by the same registry; ``aclose()`` waits for them.
     """
 
     def __init__(
@@ -193,9 +222,13 @@ class SandboxService:
         factory: RunFactory | None = None,
         lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
         thread_runs: ThreadRuns = "busy",
+        on_close: OnClose = "detach",
     ) -> None:
         if thread_runs not in ("busy", "queue"):
             raise ValueError(f"thread_runs is 'busy' or 'queue', not {thread_runs!r}")
+        if on_close not in ON_CLOSE:
+            raise ValueError(f"on_close is 'detach', 'drain' or 'cancel', not {on_close!r}")
+        self.on_close: OnClose = on_close
         self.runs = runs
         # One active run per thread: a second start is refused (busy) or waits for the first (queue).
         self.thread_runs = thread_runs
@@ -206,10 +239,74 @@ class SandboxService:
         self.lease_ttl_ms = lease_ttl_ms
         self._locks = locks
         self._store = store
-        self._controller = RunController(runs, log)
-        # Runs driven by this process: their in-process cancel band, and the task once started.
-        self._driving: dict[str, tuple[AbortController, RunHandle | None]] = {}
-        self._resuming: dict[str, asyncio.Future[bool]] = {}
+        # pipe_to_run_log never raises: the controller's runs need no containment.
+        self._controller = RunController(runs, log, spawn=self._task)
+        # The one registry: every run this process drives (started here or taken over), by id.
+        self._here: dict[str, _Driven] = {}
+        self._group: asyncio.TaskGroup | None = None  # set between __aenter__ and __aexit__
+        self._closing = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SandboxService:
+        if self._group is not None:
+            raise RuntimeError("this SandboxService is entered already: enter it once (its app's lifespan)")
+        group = asyncio.TaskGroup()
+        await group.__aenter__()
+        self._group, self._closing = group, False
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        group = self._group
+        self._closing = True  # from now on nothing starts: the group is about to end
+        try:
+            await self._close(self.on_close)
+        finally:
+            self._group = None
+            if group is not None:
+                await group.__aexit__(*exc_info)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncIterator[dict[str, Any]]:
+        """A Starlette/FastAPI lifespan: ``Starlette(routes=..., lifespan=service.lifespan)``.
+
+        The service is entered for the app's life and ``request.state.boxwright`` is the service
+        (the lifespan state), with or without ``SandboxMiddleware``.
+        """
+        async with self:
+            yield {STATE_KEY: self}
+
+    def _spawn(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T | None]:
+        """A run's task, its errors logged (``_contained``): one run's failure ends no other."""
+        return self._task(_contained(work, name), name)
+
+    def _task(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """A child of the service's TaskGroup when entered, else a loop task the registry holds."""
+        if self._closing:
+            work.close()
+            raise ServiceClosedError("the service is shutting down: it starts no run")
+        if self._group is not None:
+            return self._group.create_task(work, name=name)
+        return asyncio.get_running_loop().create_task(work, name=name)
+
+    async def _close(self, mode: OnClose) -> None:
+        if mode == "cancel":
+            for run_id in list(self._here):
+                try:
+                    await self.cancel_run(run_id)
+                except Exception as exc:
+                    log.error("run %r: could not cancel it at shutdown: %s", run_id, exc)
+        elif mode == "detach":
+            for entry in list(self._here.values()):
+                # A cancelled drive is not a cancelled run: a durable one detaches (its record stays
+                # running, its log open, its lease is released, its sandbox kept); one that is not
+                # durable cannot outlive us and ends aborted. Awaited below.
+                if entry.task is not None:
+                    entry.task.cancel()
+        # Until none is left: a queued run may start while its predecessor ends.
+        while pending := [e.task for e in self._here.values() if e.task is not None and not e.task.done()]:
+            await asyncio.wait(pending)
+        await self._controller.drain()
 
     async def start_run(
         self,
@@ -227,7 +324,8 @@ class SandboxService:
 
         ``durable`` journals the agent in its sandbox (it outlives this process) and lets a
         dropped driver detach instead of destroying. A run id that already has a record starts
-        nothing (a retried trigger); one of another thread raises ``RunThreadMismatchError``.
+        nothing (a retried trigger); one of another thread raises ``RunThreadMismatchError``,
+        also when both requests come at once (the record's insert is atomic: one of them wins).
         """
         run_id = check_run_id(run_id or uuid.uuid4().hex)
         check_thread_id(thread_id)
@@ -239,19 +337,38 @@ class SandboxService:
                 if existing.thread_id != thread_id:
                     raise RunThreadMismatchError(run_id, thread_id, existing.thread_id)
                 return run_id
-            if run_id in self._driving:
-                return run_id
             active = await self.runs.find_active_run(thread_id)
             if active is not None and self.thread_runs == "busy":
                 raise ThreadBusyError(thread_id, active.run_id)
-            abort = AbortController()
-            self._driving[run_id] = (abort, None)  # claimed before the next await: one drive per id
+            here = self._here.get(run_id)
+            if here is not None:
+                # Being started by a request of this process right now: once its insert returned, the
+                # record says whose run it is (that request may have lost to another process).
+                await here.recorded.wait()
+                owner = await self.runs.get(run_id)
+                owner_thread = owner.thread_id if owner is not None else here.thread_id
+                if owner_thread != thread_id:
+                    raise RunThreadMismatchError(run_id, thread_id, owner_thread)
+                return run_id
+            if self._closing:
+                raise ServiceClosedError("the service is shutting down: it starts no run")
+            entry = _Driven(thread_id)
+            self._here[run_id] = entry  # registered before the next await: one drive per id here
+            abort = entry.abort
             try:
                 # The record exists before any provisioning, so a cancel or a tail finds the run at once.
-                await self.runs.create_or_resume(run_id, thread_id)
+                # An atomic insert: of requests racing for one id (other threads, other processes), one wins.
+                await create_run(self.runs, run_id, thread_id)
+            except RunExistsError as exc:
+                self._unregister(run_id, entry)
+                if exc.thread_id != thread_id:
+                    raise RunThreadMismatchError(run_id, thread_id, exc.thread_id) from None
+                return run_id  # this thread's retry, recorded meanwhile by another process
             except BaseException:
-                del self._driving[run_id]
+                self._unregister(run_id, entry)
                 raise
+            finally:
+                entry.recorded.set()
         if not lock.locked() and self._thread_locks.get(thread_id) is lock:
             del self._thread_locks[thread_id]
         durability = RecordDurability(self.runs, run_id) if durable else None
@@ -274,21 +391,21 @@ class SandboxService:
         if active is not None:
             events = self._after(active.run_id, abort.signal, events)
         detached = (lambda: durability.detached) if durability is not None else None
-        if durability is not None and self._locks is not None and self._locks.durable:
-            # Several replicas share this store: drive under the run's claim (epoch 1), so a
-            # successor that takes the run over fences out anything this driver still writes.
-            handle = RunHandle(
-                run_id,
-                asyncio.ensure_future(
-                    self._drive_claimed(events, run_id, thread_id, abort, detached, durability, cleanup)
-                ),
-            )
-        else:
-            handle = self._controller.start(
-                events, run_id, thread_id, signal=abort.signal, detached=detached, after_terminal=cleanup
-            )
-        self._driving[run_id] = (abort, handle)
-        handle.done.add_done_callback(functools.partial(self._forget, run_id, abort))
+        try:
+            if durability is not None and self._locks is not None and self._locks.durable:
+                # Several replicas share this store: drive under the run's claim (epoch 1), so a
+                # successor that takes the run over fences out anything this driver still writes.
+                work = self._drive_claimed(events, run_id, thread_id, abort, detached, durability, cleanup)
+                entry.task = self._spawn(work, f"boxwright run {run_id!r}")
+            else:
+                handle = self._controller.start(
+                    events, run_id, thread_id, signal=abort.signal, detached=detached, after_terminal=cleanup
+                )
+                entry.task = handle.done
+        except ServiceClosedError:
+            self._unregister(run_id, entry)
+            raise
+        entry.task.add_done_callback(functools.partial(self._forget, run_id, entry))
         return run_id
 
     async def _drive_claimed(
@@ -329,14 +446,10 @@ class SandboxService:
         """``events``, once run ``previous`` (the thread's active run) has ended: a thread's queue."""
         async with contextlib.aclosing(events):  # type: ignore[type-var]
             while not signal.aborted:
-                entry = self._driving.get(previous)
-                if entry is not None and entry[1] is not None:
+                entry = self._here.get(previous)
+                if entry is not None and entry.task is not None:
                     # Driven here: its end is an event to wait for, not something to poll.
-                    aborted = asyncio.ensure_future(signal.wait())
-                    try:
-                        await asyncio.wait({entry[1].done, aborted}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        aborted.cancel()
+                    await wait_unless_aborted(asyncio.wait({entry.task}), signal)
                     continue
                 record = await self.runs.get(previous)
                 if record is None or is_terminal_status(record.status):
@@ -347,15 +460,17 @@ class SandboxService:
             async for event in events:
                 yield event
 
-    def _forget(self, run_id: str, abort: AbortController, _task: object) -> None:
-        entry = self._driving.get(run_id)
-        if entry is not None and entry[0] is abort:
-            del self._driving[run_id]
+    def _forget(self, run_id: str, entry: _Driven, _task: object) -> None:
+        self._unregister(run_id, entry)
+
+    def _unregister(self, run_id: str, entry: _Driven) -> None:
+        if self._here.get(run_id) is entry:
+            del self._here[run_id]
 
     @property
     def active_runs(self) -> list[str]:
-        """Ids of the runs this process is driving now."""
-        return list(self._driving)
+        """Ids of the runs this process is driving now (started here or taken over)."""
+        return list(self._here)
 
     async def cancel_run(self, run_id: str) -> RunRecord | None:
         """Stop ``run_id`` for good: record the cancel, abort it here if it runs here.
@@ -369,16 +484,19 @@ class SandboxService:
             return record
         # Durable band first: a driver on another host only ever sees this one.
         record = await request_run_cancel(self.runs, run_id) or record
-        entry = self._driving.get(run_id)
+        entry = self._here.get(run_id)
         if entry is not None:
-            entry[0].abort(RUN_CANCEL_REASON)
+            entry.abort.abort(RUN_CANCEL_REASON)
         return record
 
     async def wait_run(self, run_id: str) -> RunRecord | None:
         """The final record of a run driven here once it ends; the stored record otherwise."""
-        entry = self._driving.get(run_id)
-        if entry is not None and entry[1] is not None:
-            return await entry[1].done
+        entry = self._here.get(run_id)
+        if entry is not None and entry.task is not None:
+            await asyncio.wait({entry.task})  # never cancels the run's task, whoever cancels us
+            result = None if entry.task.cancelled() else entry.task.result()
+            if isinstance(result, RunRecord):
+                return result
         return await self.runs.get(run_id)
 
     async def events_response(self, run_id: str, request: Request) -> Response:
@@ -386,8 +504,15 @@ class SandboxService:
 
         A client coming back for a run whose driver died is also the moment to take it over.
         """
-        await self.take_over_if_orphaned(run_id)
+        await self._before_tail(run_id)
         return await sse_response(self.log, self.runs, run_id, request)
+
+    async def _before_tail(self, run_id: str) -> None:
+        """What every tail route (SSE, long-poll, WebSocket) does first: adopt the run if it is orphaned."""
+        try:
+            await self.take_over_if_orphaned(run_id)
+        except Exception as exc:  # the tail still serves what is stored; the next one tries again
+            log.warning("run %r: could not take it over: %s", run_id, redact(f"{type(exc).__name__}: {exc}"))
 
     async def take_over_if_orphaned(self, run_id: str) -> bool:
         """Start driving a running durable run that nobody here drives, from its journal.
@@ -396,17 +521,29 @@ class SandboxService:
         lock store that spans processes: the claim then waits out a live driver elsewhere and
         fences a dead one. Returns whether a takeover was started; the claim may still refuse.
         """
-        if self.factory is None or self._locks is None or not self._locks.durable or run_id in self._driving:
+        if self.factory is None or self._locks is None or not self._locks.durable or run_id in self._here:
             return False
-        if run_id in self._resuming:
+        if self._closing:
             return False
+        # Registered before the first await: tails arriving together start one takeover, not one each.
+        entry = _Driven("", takeover=True)
+        entry.recorded.set()  # its record exists: that is why it is taken over
+        self._here[run_id] = entry
         try:
-            record = await self.runs.get(check_run_id(run_id))
-        except Exception:
-            return False
-        if record is None or record.status != "running":
-            return False
-        spec = await _spec_for(self, StartRunRequest(prompt=RESUMED_PROMPT, thread_id=record.thread_id, run_id=run_id))
+            try:
+                record = await self.runs.get(check_run_id(run_id))
+            except Exception:
+                record = None  # an id no run can have, or an unreadable store: nothing to take over
+            if record is None or record.status != "running":
+                self._unregister(run_id, entry)
+                return False
+            entry.thread_id = record.thread_id
+            spec = await _spec_for(
+                self, StartRunRequest(prompt=RESUMED_PROMPT, thread_id=record.thread_id, run_id=run_id)
+            )
+        except BaseException:
+            self._unregister(run_id, entry)
+            raise
         locks = self._locks
         # The successor, once its terminal record landed, removes the journal it replayed.
         cleanup = JournalCleanup()
@@ -419,7 +556,8 @@ class SandboxService:
                 thread_id=tid,
                 run_id=rid,
                 tools=spec.tools,
-                signal=signal,
+                # The claim's signal, and this process's cancel band (cancel_run reaches a takeover too).
+                signal=AbortSignal.any([signal, entry.abort.signal]),
                 store=self._store,
                 locks=locks,
                 journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup),
@@ -435,32 +573,30 @@ class SandboxService:
         driver = sandbox_run_driver(
             self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms, after_terminal=cleanup
         )
-        task = asyncio.ensure_future(driver.resume(run_id))
-        self._resuming[run_id] = task
-        task.add_done_callback(lambda _: self._resuming.pop(run_id, None))
+        try:
+            entry.task = self._spawn(driver.resume(run_id), f"boxwright takeover {run_id!r}")
+        except ServiceClosedError:
+            self._unregister(run_id, entry)
+            return False
+        entry.task.add_done_callback(functools.partial(self._forget, run_id, entry))
         return True
 
     async def poll_response(self, run_id: str, request: Request) -> Response:
-        """Long-poll page of ``run_id`` after ``?offset=``."""
+        """Long-poll page of ``run_id`` after ``?offset=``; an orphaned run is taken over first, as for SSE."""
+        await self._before_tail(run_id)
         return await long_poll_response(self.log, self.runs, run_id, request)
 
     async def websocket(self, websocket: WebSocket, run_id: str) -> None:
-        """WebSocket tail of ``run_id``."""
+        """WebSocket tail of ``run_id``; an orphaned run is taken over first, as for SSE."""
+        await self._before_tail(run_id)
         await websocket_tail(websocket, self.log, self.runs, run_id)
 
     async def aclose(self, *, cancel: bool = False) -> None:
-        """Wait for every run driven here to end; ``cancel=True`` cancels them first. Never raises."""
-        if cancel:
-            for run_id in list(self._driving):
-                try:
-                    await self.cancel_run(run_id)
-                except Exception as exc:
-                    log.error("run %r: could not cancel it at shutdown: %s", run_id, exc)
-        await self._controller.drain()
-        pending: list[asyncio.Future[Any]] = [entry[1].done for entry in self._driving.values() if entry[1] is not None]
-        pending += list(self._resuming.values())
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        """Wait for every run driven here to end; ``cancel=True`` cancels them first. Never raises.
+
+        The explicit form of ``on_close="drain"`` / ``"cancel"`` for a service never entered.
+        """
+        await self._close("cancel" if cancel else "drain")
 
     drain = aclose
 
@@ -578,7 +714,12 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
                 file_hooks=spec.file_hooks,
             )
         except RunThreadMismatchError as exc:
-            return _error(409, str(exc), "thread_mismatch")
+            # Named, so the client that lost a race for its run id knows whose run it is.
+            return json_response(
+                409, {"error": str(exc), "code": "thread_mismatch", "ownerThreadId": exc.existing_thread_id}
+            )
+        except ServiceClosedError as exc:
+            return _error(503, str(exc), "service_closed")
         except ThreadBusyError as exc:
             return json_response(409, {"error": str(exc), "code": "thread_busy", "activeRunId": exc.active_run_id})
         except (InvalidRunIdError, InvalidThreadIdError) as exc:
@@ -642,12 +783,14 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
 
 
 __all__ = [
+    "OnClose",
     "RecordDurability",
     "RunChoice",
     "RunFactory",
     "RunSpec",
     "SandboxMiddleware",
     "SandboxService",
+    "ServiceClosedError",
     "StartRunRequest",
     "sandbox_routes",
 ]
@@ -659,3 +802,12 @@ RESUMED_PROMPT = "(resumed from the run journal)"
 
 def _no_replay(run_id: str, thread_id: str, signal: AbortSignal) -> AsyncIterator[Event]:
     raise RuntimeError(f"run {run_id!r}: this driver starts runs; taking one over needs a replaying drive")
+
+
+async def _contained(work: Coroutine[Any, Any, T], name: str) -> T | None:
+    """A run's task body in the service's group: one run's error must not cancel the others."""
+    try:
+        return await work
+    except Exception as exc:
+        log.error("%s ended with an error: %s", name, redact(f"{type(exc).__name__}: {exc}"))
+        return None

@@ -18,7 +18,7 @@ from typing import TypeVar
 import msgspec
 
 from boxwright.abort import AbortSignal
-from boxwright.errors import EventLogClosedError
+from boxwright.errors import EventLogClosedError, RunExistsError
 from boxwright.events import Event, decode_event, encode_event, now_ms
 from boxwright.runs import (
     START_OFFSET,
@@ -155,6 +155,15 @@ class MemoryRunStore:
         )
         self._records[run_id] = record
         return record
+
+    async def create(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
+        """A new ``running`` record; ``RunExistsError`` (naming the owner's thread) if the id has one."""
+        existing = self._records.get(check_run_id(run_id))
+        check_thread_id(thread_id)
+        if existing is not None:
+            raise RunExistsError(run_id, existing.thread_id)
+        # No await between the lookup and the insert: two creates of one id cannot both pass.
+        return await self.create_or_resume(run_id, thread_id, started_at=started_at)
 
     async def update(self, run_id: str, patch: RunPatch, *, expected_epoch: int | None = None) -> RunRecord | None:
         record = self._records.get(check_run_id(run_id))

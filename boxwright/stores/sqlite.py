@@ -37,7 +37,7 @@ import msgspec
 from boxwright._faults import fault_point
 from boxwright.abort import AbortSignal
 from boxwright.config import database_path
-from boxwright.errors import EventLogClosedError, InvalidRunStatusError, StoreClosedError
+from boxwright.errors import EventLogClosedError, InvalidRunStatusError, RunExistsError, StoreClosedError
 from boxwright.events import Event, TokenUsage, decode_event, encode_event
 from boxwright.runs import (
     START_OFFSET,
@@ -531,6 +531,29 @@ class SqliteRunStore:
             )
             rows = list(await conn.execute_fetchall(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)))
         return _run_from_row(rows[0])
+
+    async def create(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
+        """A new ``running`` record; ``RunExistsError`` (naming the owner's thread) if the id has one.
+
+        One transaction: the insert either lands or finds the row that won, so of many requests
+        (and processes) creating one id at once, exactly one gets a record.
+        """
+        check_run_id(run_id)
+        check_thread_id(thread_id)
+        await self._db.ensure_schema(_RUNS_DDL)
+        now = _now_ms()
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "INSERT OR IGNORE INTO runs (run_id, thread_id, status, started_at, updated_at) "
+                "VALUES (?, ?, 'running', ?, ?)",
+                (run_id, thread_id, now if started_at is None else started_at, now),
+            )
+            inserted = cursor.rowcount == 1
+            rows = list(await conn.execute_fetchall(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)))
+        record = _run_from_row(rows[0])
+        if not inserted:
+            raise RunExistsError(run_id, record.thread_id)
+        return record
 
     async def update(self, run_id: str, patch: RunPatch, *, expected_epoch: int | None = None) -> RunRecord | None:
         changes = patch_changes(check_run_id(run_id), patch)

@@ -222,3 +222,141 @@ def test_a_client_that_disconnects_never_stops_the_run(tmp_path: Path) -> None:
             assert (await stack.client.get(f"/runs/{run_id}")).json()["status"] == "completed"
 
     run_async(main)
+
+
+# -- one client run id, many requests at once (issue 10, point 7) ----------------------------------
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "two-services-one-sqlite"])
+def test_concurrent_starts_of_one_run_id_one_wins_and_the_rest_name_its_thread(tmp_path: Path, backend: str) -> None:
+    """20 POST /runs at once, one run id, 20 threads: one 202, nineteen 409s naming the winner's thread.
+
+    The same thread asking again (the idempotent retry) still gets 202 and the same run.
+    """
+    from boxwright.stores.sqlite import open_database, sqlite_run_backend
+    from boxwright.tool_bridge import serve_asgi
+
+    sandbox = define_sandbox("race", local_process_sandbox(base_dir=tmp_path / "sb"), file_events=False)
+
+    def factory(body: Any) -> Any:
+        return sandbox, command_harness("sleep 0.3; echo done")
+
+    async def main() -> None:
+        db = open_database(tmp_path / "race.db") if backend != "memory" else None
+        services = []
+        for _ in range(2 if backend == "two-services-one-sqlite" else 1):
+            runs, log = memory_run_backend() if db is None else sqlite_run_backend(db)
+            services.append(SandboxService(runs, log, store=MemoryInstanceStore(), factory=factory))
+        servers = [await serve_asgi(Starlette(routes=sandbox_routes(service))) for service in services]
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                run_id = f"client-{random.getrandbits(40):x}"
+
+                async def post(i: int) -> httpx.Response:
+                    url = servers[i % len(servers)].url + "/runs"
+                    return await client.post(url, json={"prompt": "go", "threadId": f"t-{i}", "runId": run_id})
+
+                answers = await asyncio.gather(*(post(i) for i in range(20)))
+                codes = sorted(a.status_code for a in answers)
+                assert codes == [202] + [409] * 19, codes
+                [winner] = [i for i, a in enumerate(answers) if a.status_code == 202]
+                assert answers[winner].json() == {"runId": run_id}
+                for answer in answers:
+                    if answer.status_code == 409:
+                        body = answer.json()
+                        assert body["code"] == "thread_mismatch"
+                        assert body["ownerThreadId"] == f"t-{winner}", body
+                # The winner's retry, on any replica: the same run, accepted again; nothing new started.
+                for server in servers:
+                    again = await client.post(
+                        server.url + "/runs", json={"prompt": "go", "threadId": f"t-{winner}", "runId": run_id}
+                    )
+                    assert (again.status_code, again.json()) == (202, {"runId": run_id})
+                driving = [s for s in services if run_id in s.active_runs]
+                assert len(driving) <= 1
+                record = await services[0].wait_run(run_id) if services[0] in driving or not driving else None
+                record = record or await driving[0].wait_run(run_id)
+                assert record is not None and record.thread_id == f"t-{winner}" and record.status == "completed"
+        finally:
+            for server in servers:
+                await server.close()
+            for service in services:
+                await service.aclose(cancel=True)
+            if db is not None:
+                await db.close()
+
+    run_async(main)
+
+
+# -- every tail route takes an orphaned run over (issue 10, point 5) ------------------------------
+
+
+async def _successor(orphan: Any) -> Any:
+    from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
+    from tests.support.orphans import LEASE_TTL_MS
+
+    database = open_database(orphan.db)
+    runs, log = sqlite_run_backend(database)
+    sandbox = define_sandbox("svc", local_process_sandbox(base_dir=orphan.base))
+    service = SandboxService(
+        runs,
+        log,
+        locks=SqliteLockStore(database),
+        store=SqliteInstanceStore(database),
+        factory=lambda start: (sandbox, command_harness(orphan.agent)),
+        lease_ttl_ms=LEASE_TTL_MS,
+    )
+    return database, runs, service
+
+
+@pytest.mark.parametrize("route", ["long-poll", "websocket"])
+def test_a_tail_of_an_orphaned_run_takes_it_over_like_sse(tmp_path: Path, route: str) -> None:
+    """The driver process is SIGKILLed mid-run; a long-poll or WebSocket client of another replica
+    makes that replica adopt the run, and reads every line once, in order, to the end."""
+    from boxwright.events import TextMessageContentEvent, decode_event
+    from boxwright.tool_bridge import serve_asgi
+    from tests.support.orphans import orphan_a_run
+
+    orphan = orphan_a_run(tmp_path)
+
+    async def main() -> tuple[list[str], str, int | None]:
+        database, runs, service = await _successor(orphan)
+        server = await serve_asgi(Starlette(routes=sandbox_routes(service)))
+        deltas: list[str] = []
+        status = ""
+        try:
+            if route == "long-poll":
+                async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                    offset, closed = "-1", False
+                    deadline = time.monotonic() + 60
+                    while not closed:
+                        assert time.monotonic() < deadline, "the orphaned run never ended"
+                        page = (await client.get(f"/runs/{orphan.run_id}/poll?offset={offset}&wait=5000")).json()
+                        for item in page["events"]:
+                            event = decode_event(json.dumps(item["event"]))
+                            if isinstance(event, TextMessageContentEvent):
+                                deltas.append(event.delta)
+                        offset, closed, status = page["nextOffset"], page["closed"], page["status"]
+            else:
+                url = "ws" + server.url.removeprefix("http") + f"/runs/{orphan.run_id}/ws?offset=-1"
+                async with connect(url, open_timeout=30) as ws:
+                    async for raw in ws:
+                        frame = json.loads(raw)
+                        if frame.get("closed"):
+                            status = frame["status"]
+                            break
+                        event = decode_event(json.dumps(frame["event"]))
+                        if isinstance(event, TextMessageContentEvent):
+                            deltas.append(event.delta)
+            await service.wait_run(orphan.run_id)
+        finally:
+            await server.close()
+            await service.aclose()
+        record = await runs.get(orphan.run_id)
+        await database.close()
+        return deltas, status, record.driver_epoch if record is not None else None
+
+    deltas, status, epoch = asyncio.run(main())
+    assert status == "completed"
+    assert epoch == 2, "the replica drove the rest under a new claim"
+    assert deltas == [f"line {i}\n" for i in range(1, 9)], "every line exactly once, in order"
