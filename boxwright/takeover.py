@@ -309,7 +309,9 @@ async def run_claim(
         # Owned by this block: cancelled and awaited on its exit, however it ends.
         watchers = [
             loop.create_task(_mirror_lease(lease, lost, run_id, epoch), name=f"boxwright claim lease {run_id}"),
-            loop.create_task(_watch_record(runs, claim, lost, cancel, interval), name=f"boxwright claim watch {run_id}"),
+            loop.create_task(
+                _watch_record(runs, claim, lost, cancel, interval), name=f"boxwright claim watch {run_id}"
+            ),
         ]
         try:
             yield claim
