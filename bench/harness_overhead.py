@@ -1,11 +1,12 @@
-"""Wall time of one trivial real-CLI run through run_agent, against the same `claude` command run bare.
+"""Wall time of one trivial real-CLI run through run_agent, against the same CLI command run bare, per harness.
 
-Both sides run the real `claude` CLI against the same scripted fake model (one text reply), in one process,
+Each harness's real CLI runs against the same scripted fake model (one text reply), in one process,
 interleaved round by round. "bare" starts exactly the argv and env the harness plans, with asyncio, and
 reads stdout to the end; "run_agent" adds ensure(), the workspace watcher, translation, the diff and the
-lifecycle. Goal (issue 11): ratio <= 1.1 on local-process. bench/run_tail.py isolates the end of a run.
+lifecycle. Goal (issues 11 and 16): ratio <= 1.1 for claude on local-process, <= 1.2 for every harness.
+bench/run_tail.py isolates the end of a run.
 
-Run: .venv/bin/python bench/harness_overhead.py [--rounds 10]
+Run: .venv/bin/python bench/harness_overhead.py [--rounds 10] [--harness claude-code,codex,opencode]
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -26,17 +30,55 @@ from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.events import RunFinishedEvent, create_run_scoped_id_gen
 from boxwright.harnesses.base import HarnessContext
 from boxwright.harnesses.claude_code import claude_code
+from boxwright.harnesses.codex import codex
+from boxwright.harnesses.opencode import opencode
 from boxwright.providers import local_process_sandbox
 from boxwright.providers.local_process import CAPABILITIES
 from boxwright.stores.memory import MemoryInstanceStore
 from tests.fixtures import find_claude
 from tests.fixtures.fake_model import FakeModelServer, Text
+from tests.fixtures.record_agents import find_agent, opencode_config, opencode_env
 
 PROMPT = "[[script:hello]] say hello"
 
 
-async def bare(claude: str, home: str, host_env: dict[str, str], workdir: str) -> float:
-    harness = claude_code(executable=claude, env={"HOME": home})
+@dataclass
+class Subject:
+    """One harness as benchmarked: how to build it for a fake model and a HOME, and what a good bare run prints."""
+
+    name: str
+    find: Callable[[], str | None]
+    build: Callable[[str, str, str], Any]  # (executable, model base URL, home) -> harness
+    host_env: Callable[[str], dict[str, str]]
+    success: bytes
+
+
+def _codex(executable: str, base_url: str, home: str) -> Any:
+    tmp = os.path.join(os.path.dirname(home), "codex-tmp")
+    env = {"HOME": home, "CODEX_HOME": home, "TMPDIR": tmp, "CODEX_API_KEY": "sk-test"}
+    return codex("gpt-5.5", executable=executable, base_url=base_url + "/v1", max_retries=0, env=env)
+
+
+def _opencode(executable: str, base_url: str, home: str) -> Any:
+    return opencode(
+        "fake/fake-model", executable=executable, config=opencode_config(base_url), env=opencode_env(Path(home))
+    )
+
+
+SUBJECTS = [
+    Subject(
+        "claude-code",
+        find_claude,
+        lambda exe, url, home: claude_code(executable=exe, env={"HOME": home}),
+        lambda url: {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-test"},
+        b'"subtype":"success"',
+    ),
+    Subject("codex", lambda: find_agent("codex"), _codex, lambda url: {}, b'"type":"turn.completed"'),
+    Subject("opencode", lambda: find_agent("opencode"), _opencode, lambda url: {}, b'"reason":"stop"'),
+]
+
+
+async def bare(subject: Subject, harness: Any, host_env: dict[str, str], workdir: str) -> float:
     ctx = HarnessContext(
         run_id="bare",
         thread_id="t",
@@ -46,6 +88,7 @@ async def bare(claude: str, home: str, host_env: dict[str, str], workdir: str) -
         provider="local-process",
         gen_id=create_run_scoped_id_gen("bare"),
         host_env=host_env,
+        file_suffix="bare",
     )
     plan = harness.plan(ctx)
     started = time.perf_counter()
@@ -61,15 +104,14 @@ async def bare(claude: str, home: str, host_env: dict[str, str], workdir: str) -
     )
     out, _ = await proc.communicate((plan.stdin or "").encode())
     elapsed = time.perf_counter() - started
-    assert proc.returncode == 0 and b'"subtype":"success"' in out, out[-500:]
+    assert proc.returncode == 0 and subject.success in out, out[-500:]
     return elapsed
 
 
-async def ours(claude: str, home: str, host_env: dict[str, str], base: str, n: int) -> float:
+async def ours(harness: Any, host_env: dict[str, str], base: str, n: int) -> float:
     sandbox = define_sandbox(
         "bench", local_process_sandbox(base_dir=base), lifecycle=Lifecycle(destroy_on_complete=True)
     )
-    harness = claude_code(executable=claude, env={"HOME": home})
     started = time.perf_counter()
     last = None
     async for event in run_agent(
@@ -81,29 +123,41 @@ async def ours(claude: str, home: str, host_env: dict[str, str], base: str, n: i
     return elapsed
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=10)
-    args = parser.parse_args()
-    claude = find_claude()
-    if claude is None:
-        raise SystemExit("claude CLI not found: npm install @anthropic-ai/claude-code (see deploy/agents)")
-    with FakeModelServer({"hello": [Text("Hello!")]}) as model, tempfile.TemporaryDirectory() as tmp:
+async def measure(subject: Subject, executable: str, rounds: int) -> tuple[float, float]:
+    with FakeModelServer({"hello": [Text("Hello!")]}) as model, tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         home = os.path.join(tmp, "home")
         os.makedirs(home)
         workdir = os.path.join(tmp, "bare")
         os.makedirs(workdir)
-        host_env = {"ANTHROPIC_BASE_URL": model.base_url, "ANTHROPIC_API_KEY": "sk-test"}
-        await bare(claude, home, host_env, workdir)  # warm the binary's page cache
+        harness = subject.build(executable, model.base_url, home)
+        host_env = subject.host_env(model.base_url)
+        await bare(subject, harness, host_env, workdir)  # warm the binary's page cache and the CLI's HOME
         a, b = [], []
-        for n in range(args.rounds):
-            b.append(await bare(claude, home, host_env, workdir))
-            a.append(await ours(claude, home, host_env, os.path.join(tmp, "sb"), n))
-    ma, mb = statistics.median(a), statistics.median(b)
-    print(f"claude run, {args.rounds} rounds (median)")
-    print(f"  bare asyncio subprocess   {mb * 1e3:8.1f} ms")
-    print(f"  run_agent (local-process) {ma * 1e3:8.1f} ms")
-    print(f"  ratio                     {ma / mb:8.2f}   (goal <= 1.1)")
+        for n in range(rounds):
+            b.append(await bare(subject, harness, host_env, workdir))
+            a.append(await ours(harness, host_env, os.path.join(tmp, "sb"), n))
+    return statistics.median(a), statistics.median(b)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--harness", default=",".join(s.name for s in SUBJECTS), help="comma-separated names")
+    args = parser.parse_args()
+    wanted = [name.strip() for name in args.harness.split(",") if name.strip()]
+    unknown = set(wanted) - {s.name for s in SUBJECTS}
+    if unknown:
+        raise SystemExit(f"unknown harness(es): {', '.join(sorted(unknown))}")
+    print(f"one trivial run per round, {args.rounds} rounds, median; local-process")
+    print(f"  {'harness':12s} {'bare':>10s} {'run_agent':>10s} {'ratio':>6s}")
+    for subject in (s for s in SUBJECTS if s.name in wanted):
+        executable = subject.find()
+        if executable is None:
+            print(f"  {subject.name:12s} not installed (see deploy/agents/package.json)")
+            continue
+        ma, mb = await measure(subject, executable, args.rounds)
+        print(f"  {subject.name:12s} {mb * 1e3:8.1f}ms {ma * 1e3:8.1f}ms {ma / mb:6.2f}")
+    print("  goal: ratio <= 1.2 for every harness (claude-code: <= 1.1)")
 
 
 if __name__ == "__main__":
