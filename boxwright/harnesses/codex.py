@@ -206,7 +206,9 @@ def codex(
         raise ValueError("executable must name the codex command")
     if sandbox_mode is not None and sandbox_mode not in _SANDBOX_MODES:
         raise ValueError(f"sandbox_mode must be one of {', '.join(_SANDBOX_MODES)}, got {sandbox_mode!r}")
-    if max_retries is not None and (isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0):
+    if max_retries is not None and (
+        isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
+    ):
         raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
     if isinstance(add_dirs, str):
         raise ValueError("add_dirs must be a list of strings, not one string")
@@ -321,9 +323,9 @@ class CodexTranslator:
             out += self._frame.error(message, "turn_failed")
         elif kind == "error":
             # Retry notices ("Reconnecting...") come as `error` too: remembered for the end, not terminal.
-            message = _str(data.get("message"))
-            if message is not None:
-                self._errors.append(message)
+            notice = _str(data.get("message"))
+            if notice is not None:
+                self._errors.append(notice)
 
     def _item(self, kind: str, item: dict[str, Any], out: list[Event]) -> None:
         item_id, item_type = _str(item.get("id")), item.get("type")

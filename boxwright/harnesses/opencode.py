@@ -126,7 +126,14 @@ class OpenCodeHarness:
 
     def plan(self, ctx: HarnessContext) -> HarnessPlan:
         q = shell.quote
-        parts = ["exec", *(q(p) for p in executable_argv(self.executable, ctx)), "run", "--format", "json", "--thinking"]
+        parts = [
+            "exec",
+            *(q(p) for p in executable_argv(self.executable, ctx)),
+            "run",
+            "--format",
+            "json",
+            "--thinking",
+        ]
         if self.model:
             parts += ["--model", q(self.model)]
         if self.agent:
@@ -183,7 +190,12 @@ def opencode(
     except (TypeError, ValueError) as exc:
         raise ValueError(f"config must be JSON-serialisable: {exc}") from exc
     return OpenCodeHarness(
-        model=model, executable=executable, config=dict(config or {}), agent=agent, env=dict(env or {}), emit_diff=emit_diff
+        model=model,
+        executable=executable,
+        config=dict(config or {}),
+        agent=agent,
+        env=dict(env or {}),
+        emit_diff=emit_diff,
     )
 
 
@@ -335,7 +347,8 @@ class OpenCodeTranslator:
         if call_id is None or tool is None:
             return
         shown = tool.removeprefix(self._prefix) or tool
-        tool_input = state.get("input") if isinstance(state.get("input"), dict) else {}
+        raw_input = state.get("input")
+        tool_input: dict[str, Any] = raw_input if isinstance(raw_input, dict) else {}
         if call_id not in self._tools:
             self._tools.add(call_id)
             out.append(

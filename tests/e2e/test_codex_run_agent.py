@@ -19,7 +19,14 @@ import pytest
 from boxwright.abort import AbortController
 from boxwright.agent import run_agent
 from boxwright.definition import EnsureContext, Lifecycle, define_sandbox
-from boxwright.events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, ToolCallResultEvent, ToolCallStartEvent
+from boxwright.events import (
+    CustomEvent,
+    Event,
+    RunErrorEvent,
+    RunFinishedEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+)
 from boxwright.harnesses.codex import codex
 from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
 from boxwright.providers.bubblewrap import probe
@@ -267,7 +274,9 @@ def test_codex_resumes_its_thread_by_id(tmp_path: Path, origin: Path, model: Fak
     first, second = asyncio.run(main())
     _finished(first)
     _finished(second)
-    ids = [e.value["sessionId"] for e in [*first, *second] if isinstance(e, CustomEvent) and e.name == "codex.session-id"]
+    ids = [
+        e.value["sessionId"] for e in [*first, *second] if isinstance(e, CustomEvent) and e.name == "codex.session-id"
+    ]
     assert len(ids) == 2 and ids[0] == ids[1], "the same thread came back"
     resumed = model.model_requests()[-1].body
     assert "[[script:first]] one" in str(resumed["input"]) and "First answer." in str(resumed["input"])

@@ -8,7 +8,14 @@ from typing import Any
 import ag_ui.core as agui
 from pydantic import TypeAdapter
 
-from boxwright.events import Event, RunFinishedEvent, ToolCallResultEvent, ToolCallStartEvent, create_run_scoped_id_gen, encode_event
+from boxwright.events import (
+    Event,
+    RunFinishedEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+    create_run_scoped_id_gen,
+    encode_event,
+)
 from boxwright.harnesses.base import HarnessContext
 from boxwright.sandbox import Capabilities
 

@@ -216,7 +216,7 @@ def test_without_writable_stdin_the_prompt_goes_through_a_file() -> None:
 def test_api_key_mode_passes_codex_api_key_and_host_mode_scrubs_it() -> None:
     plan = codex().plan(make_ctx(host_env={"CODEX_API_KEY": "sk-1", "OPENAI_BASE_URL": "http://x/v1"}))
     assert plan.env["CODEX_API_KEY"] == "sk-1" and "sk-1" in plan.secrets
-    assert 'model_providers.boxwright=' in plan.command  # the host's OPENAI_BASE_URL, which codex ignores
+    assert "model_providers.boxwright=" in plan.command  # the host's OPENAI_BASE_URL, which codex ignores
     host = codex(auth_mode="host").plan(make_ctx(host_env={"CODEX_API_KEY": "sk-1"}))
     assert "CODEX_API_KEY" not in host.env and host.command.startswith("unset CODEX_API_KEY; ")
 

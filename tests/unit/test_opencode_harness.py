@@ -121,9 +121,9 @@ def test_policy_recording_gives_allow_deny_and_an_approval_request() -> None:
     events = replay(opencode(), lines("policy"), policy=POLICY)
     check_well_formed(events)
     results = {
-        json.loads(next(a.delta for a in events if isinstance(a, ToolCallArgsEvent) and a.tool_call_id == r.tool_call_id))[
-            "command"
-        ]: r
+        json.loads(
+            next(a.delta for a in events if isinstance(a, ToolCallArgsEvent) and a.tool_call_id == r.tool_call_id)
+        )["command"]: r
         for r in events
         if isinstance(r, ToolCallResultEvent)
     }
