@@ -175,3 +175,67 @@ def test_runner_refuses_a_wrong_token_a_malformed_body_and_a_secret_value() -> N
 
     asyncio.run(asyncio.wait_for(main(), 120))
     assert subprocess.run(["docker", "ps", "-q", "--filter", f"label={TEST_LABEL}"], capture_output=True).stdout == b""
+
+
+def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
+    from boxwright.providers.docker import docker_sandbox
+
+    model = FakeModelServer({"hi": [Text("Hello from the container.")]}, host=bridge_address())
+    model.start()
+    port = model.base_url.rsplit(":", 1)[1]
+
+    async def main() -> tuple[bytes, bytes]:
+        handle = await docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}).create()
+        try:
+            host = await handle.address()
+            env = {
+                "BOXWRIGHT_RUNNER_TOKEN": "right-token",
+                "ANTHROPIC_API_KEY": "sk-test",
+                "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}",
+                "CLAUDE_CODE_MAX_RETRIES": "0",
+            }
+            runner = await handle.process.spawn(
+                f"exec python -m boxwright.runner --host {host} --port 8080", ProcessOptions(env=env)
+            )
+            base, auth = f"http://{host}:8080", {"Authorization": "Bearer right-token"}
+            body = {
+                "runId": "r-reread",
+                "threadId": "t1",
+                "messages": [{"role": "user", "content": "[[script:hi]] hi"}],
+                "harness": "claude-code",
+                "model": "claude-sonnet-4-5",
+                "workspace": {"secrets": ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_MAX_RETRIES"]},
+                "toolDescriptors": [],
+                "toolExecUrl": "http://host.docker.internal:1/tool-exec/r-reread",
+                "toolExecToken": "exec-token",
+            }
+            async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=120.0)) as client:
+                for _ in range(80):
+                    try:
+                        if (await client.get(f"{base}/health")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        await asyncio.sleep(0.25)
+                async with client.stream("POST", f"{base}/run", json=body, headers=auth) as response:
+                    assert response.status_code == 200
+                    first = await response.aiter_lines().__anext__()  # then hang up mid-run
+                full = b""
+                async with client.stream("GET", f"{base}/runs/r-reread/events?offset=0", headers=auth) as again:
+                    async for chunk in again.aiter_bytes():
+                        full += chunk
+            await runner.kill()
+            return first.encode(), full
+        finally:
+            await handle.destroy()
+
+    try:
+        first, full = asyncio.run(asyncio.wait_for(main(), 180))
+    finally:
+        model.stop()
+    lines = full.splitlines()
+    assert lines[0] == first, "the re-read starts at byte 0 with the line already seen"
+    assert b'"RUN_STARTED"' in lines[0] and b'"RUN_FINISHED"' in lines[-1], lines[-1][:200]
+    from boxwright.events import TextMessageContentEvent, decode_event
+
+    text = "".join(e.delta for e in map(decode_event, lines) if isinstance(e, TextMessageContentEvent))
+    assert "Hello from the container." in text, "the run went on after the reader hung up"
