@@ -57,6 +57,8 @@ STDERR_TAIL_CHARS = 1000
 # fs/* requests larger than this are refused: the agent's file tools are for source files, and a
 # reply is one JSON line held in memory on both sides.
 MAX_FS_BYTES = 8 << 20
+# After session/cancel was answered, how long the agent may take to stop its tools before it is killed.
+CANCEL_WIND_DOWN = 1.5
 _WRITE_KINDS = frozenset({"edit", "delete", "move"})
 
 # -- the wire (ACP v1) ---------------------------------------------------------------------------
@@ -365,7 +367,11 @@ def _command_text(command: Any) -> str | None:
     if isinstance(command, str):
         return command
     if isinstance(command, list) and command and all(isinstance(part, str) for part in command):
-        if len(command) == 3 and posixpath.basename(command[0]) in ("bash", "sh", "zsh") and command[1] in ("-c", "-lc"):
+        if (
+            len(command) == 3
+            and posixpath.basename(command[0]) in ("bash", "sh", "zsh")
+            and command[1] in ("-c", "-lc")
+        ):
             return str(command[2])
         return " ".join(command)
     return None
@@ -390,6 +396,8 @@ class AcpTranslator:
         self._reasoning_id: str | None = None
         self._calls: dict[str, _Call] = {}
         self._usage: PromptUsage | None = None
+        self._cancelled = False
+        self._rejected = False  # a permission was refused: an agent may then end its turn as cancelled
         self.skipped_lines = 0
         self.real_cwd: str | None = None
 
@@ -400,6 +408,7 @@ class AcpTranslator:
         channel.spawn(self._converse(channel))
 
     def on_abort(self) -> None:
+        self._cancelled = True
         if self._channel is not None and self._session_id is not None:
             self._channel.send(
                 _line(NotificationOut(method="session/cancel", params=CancelParams(session_id=self._session_id)))
@@ -430,7 +439,8 @@ class AcpTranslator:
         except msgspec.ValidationError as exc:
             channel.emit(self._fail(f"ACP agent sent a malformed reply: {exc}", "acp_protocol_error"))
         finally:
-            channel.end()
+            # A cancelled turn: the agent is still stopping its tools' processes; let it, then stop it.
+            channel.end(CANCEL_WIND_DOWN if self._cancelled else 0.0)
 
     async def _handshake(self, channel: AgentChannel) -> None:
         info = ClientInfo(name=CLIENT_NAME, title="boxwright", version=CLIENT_VERSION)
@@ -561,6 +571,7 @@ class AcpTranslator:
         raw_input = call.raw_input if isinstance(call.raw_input, dict) and call.raw_input else known.raw_input
         tool_input = raw_input if isinstance(raw_input, dict) else {}
         decision = self._decide(title, kind, tool_input, out)
+        self._rejected = self._rejected or decision != "allow"
         wanted = ("allow_once", "allow_always") if decision == "allow" else ("reject_once", "reject_always")
         for option_kind in wanted:
             for option in request.options:
@@ -570,7 +581,7 @@ class AcpTranslator:
 
     def _decide(self, title: str, kind: str | None, tool_input: Mapping[str, Any], out: list[Event]) -> str:
         policy = self._ctx.policy
-        if policy is None or self._bridged_name(title) is not None:
+        if policy is None or self._bridged(title, tool_input) is not None:
             return "allow"  # no policy = bypassPermissions (R40); our own bridge tools are the app's
         command = _command_text(tool_input.get("command"))
         action: ApprovalKind
@@ -666,7 +677,7 @@ class AcpTranslator:
         if call is None:
             call = self._calls[call_id] = _Call()
             call.title, call.kind = update.title, update.kind
-            name = self._bridged_name(update.title or "") or update.kind or "tool"
+            name = self._bridged(update.title or "", update.raw_input) or update.kind or "tool"
             out.append(
                 ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, tool_name=name, timestamp=now_ms())
             )
@@ -713,6 +724,15 @@ class AcpTranslator:
             return text
         return json.dumps({"status": status})
 
+    def _bridged(self, title: str, raw_input: Any) -> str | None:
+        """The bridge tool a call is, by its title or (codex-acp) its ``rawInput {server, tool}``; else None."""
+        if self._bridge_prefix is None:
+            return None
+        if isinstance(raw_input, dict) and isinstance(raw_input.get("tool"), str):
+            if raw_input.get("server") == self._bridge_prefix.split("__")[1]:
+                return str(raw_input["tool"])
+        return self._bridged_name(title.removeprefix("Tool: "))
+
     def _bridged_name(self, title: str) -> str | None:
         """The bridge tool a title names: ``mcp__<bridge>__t``, ``t``-prefixed forms; None for the agent's own tools."""
         if self._bridge_prefix is None:
@@ -750,8 +770,10 @@ class AcpTranslator:
         reason = result.stop_reason
         if reason == "refusal":
             return out + self._frame.error("the agent refused the prompt", "refusal")
-        if reason == "cancelled":
+        if reason == "cancelled" and (self._cancelled or not self._rejected):
             return out + self._frame.error("the agent's turn was cancelled", "cancelled")
+        # Measured: codex-acp ends the whole turn as ``cancelled`` when a permission is rejected. That
+        # is the policy's refusal taking effect, not a cancel: the run finishes.
         finish: Literal["stop", "length"] = "length" if reason in ("max_tokens", "max_turn_requests") else "stop"
         return out + self._frame.finish(finish, usage=tokens)
 

@@ -87,13 +87,16 @@ class AgentChannel:
         task.add_done_callback(_log_failure)
         self._tasks.append(task)
 
-    def end(self) -> None:
-        """The conversation is over: close stdin and stop the agent (protocol agents do not exit on EOF)."""
+    def end(self, grace: float = 0.0) -> None:
+        """The conversation is over: close stdin and stop the agent (protocol agents do not exit on EOF).
+
+        ``grace``: how long it may take to wind down first (after a cancel it is still stopping its tools).
+        """
         if self._ended:
             return
         self._ended = True
         self._outbox.put_nowait(None)
-        self.spawn(self._kill_after(0.0))
+        self.spawn(self._kill_after(grace))
 
     async def _writer(self) -> None:
         while (line := await self._outbox.get()) is not None:

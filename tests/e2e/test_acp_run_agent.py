@@ -58,11 +58,16 @@ def _bridge_call(agent: str) -> ToolCall:
     return ToolCall("mcp__boxwright__get_todos", {"status": "open"})
 
 
-def _harness(agent: str, model: FakeModelServer, home: Path, *, ask: bool = False) -> AcpHarness:
+def _harness(agent: str, model: FakeModelServer, home: Path, *, ask: bool = False, kind: str = "") -> AcpHarness:
+    """``home`` is on the host; a bubblewrap agent gets a fresh one in its sandbox's own /tmp instead."""
     binary = agent_cli(agent)
+    agent_home = "/tmp/agent-home" if kind == "bubblewrap" else str(home)
+    # Every process the agent starts inherits this: how the test finds anything left behind.
+    mark = {"BOXWRIGHT_TEST_MARK": str(home.parent)}
     if agent == "claude-agent-acp":
         env = {
-            "HOME": str(home),
+            **mark,
+            "HOME": agent_home,
             "ANTHROPIC_BASE_URL": model.base_url,
             "ANTHROPIC_API_KEY": "sk-test",
             "IS_SANDBOX": "1",  # measured: as root the adapter's bundled CLI refuses to start without it
@@ -71,19 +76,30 @@ def _harness(agent: str, model: FakeModelServer, home: Path, *, ask: bool = Fals
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         }
         return acp([binary], name=agent, env=env)
-    codex_home = home / "codex"
-    codex_home.mkdir(exist_ok=True)
-    (home / "tmp").mkdir(exist_ok=True)
-    (codex_home / "config.toml").write_text(
-        'model = "gpt-5.5"\nmodel_provider = "fake"\n'
-        "[model_providers.fake]\n"
-        f'name = "Fake"\nbase_url = "{model.base_url}/v1"\nenv_key = "FAKE_API_KEY"\nwire_api = "responses"\n'
-        "request_max_retries = 0\nstream_max_retries = 0\n"
-    )
-    # Our sandbox is the layer that holds: codex's own bwrap is off; ``untrusted`` makes it ask us.
-    argv = [binary, "-c", 'sandbox_mode="danger-full-access"']
-    argv += ["-c", 'approval_policy="untrusted"'] if ask else ["-c", 'approval_policy="never"']
-    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "FAKE_API_KEY": "sk-test", "TMPDIR": str(home / "tmp")}
+    # All config by -c, so CODEX_HOME may be any fresh directory (made by the wrapper, in the sandbox).
+    config = {
+        "model": '"gpt-5.5"',
+        "model_provider": '"fake"',
+        "model_providers.fake.name": '"Fake"',
+        "model_providers.fake.base_url": f'"{model.base_url}/v1"',
+        "model_providers.fake.env_key": '"FAKE_API_KEY"',
+        "model_providers.fake.wire_api": '"responses"',
+        "model_providers.fake.request_max_retries": "0",
+        "model_providers.fake.stream_max_retries": "0",
+        # Our sandbox is the layer that holds: codex's own bwrap is off; ``untrusted`` makes it ask us.
+        "sandbox_mode": '"danger-full-access"',
+        "approval_policy": '"untrusted"' if ask else '"never"',
+    }
+    argv = ["sh", "-c", 'mkdir -p "$CODEX_HOME" "$TMPDIR" && exec "$0" "$@"', binary]
+    for key, value in config.items():
+        argv += ["-c", f"{key}={value}"]
+    env = {
+        **mark,
+        "HOME": agent_home,
+        "CODEX_HOME": f"{agent_home}/codex",
+        "FAKE_API_KEY": "sk-test",
+        "TMPDIR": f"{agent_home}/tmp",
+    }
     return acp(argv, name=agent, env=env)
 
 
@@ -113,7 +129,7 @@ def _provider(kind: str, tmp_path: Path, origin: Path) -> object:
         return local_process_sandbox(base_dir=tmp_path / "sandboxes")
     if not probe().available:
         missing(f"bubblewrap: {probe().reason}")
-    binds = [str(origin), AGENTS, str(tmp_path / "home")]
+    binds = [str(origin), AGENTS]
     return bubblewrap_sandbox(base_dir=tmp_path / "sandboxes", ro_binds=[b for b in binds if os.path.isdir(b)])
 
 
@@ -129,7 +145,7 @@ def _types(events: list[Event]) -> list[str]:
 
 
 def _agent_pids(tmp_path: Path) -> list[str]:
-    """Live processes whose command line or cwd mention this test's directory (agents, their shells, sleeps)."""
+    """Live processes whose command line or environment mention this test's directory (agents, shells, sleeps)."""
     mine = str(tmp_path)
     found = []
     for pid in os.listdir("/proc"):
@@ -174,7 +190,7 @@ def test_acp_agent_edits_the_repo_with_a_shell_command(agent: str, kind: str, tm
             events = await _collect(
                 run_agent(
                     sandbox,
-                    _harness(agent, model, home),
+                    _harness(agent, model, home, kind=kind),
                     "[[script:edit]] change the greeting in README.md",
                     thread_id="t-acp",
                     run_id="r-acp",
@@ -230,7 +246,7 @@ def test_acp_agent_calls_a_host_python_tool_over_the_bridge(
             _collect(
                 run_agent(
                     sandbox,
-                    _harness(agent, model, home),
+                    _harness(agent, model, home, kind=kind),
                     "[[script:todos]] what is on my list?",
                     thread_id="t-tools",
                     tools=[get_todos],
@@ -267,7 +283,7 @@ def test_cancelled_acp_run_leaves_no_process(agent: str, kind: str, tmp_path: Pa
             async def drive() -> None:
                 async for event in run_agent(
                     sandbox,
-                    _harness(agent, model, home),
+                    _harness(agent, model, home, kind=kind),
                     "[[script:slow]] wait a long time",
                     thread_id="t-cancel",
                     store=MemoryInstanceStore(),
@@ -294,20 +310,13 @@ def test_cancelled_acp_run_leaves_no_process(agent: str, kind: str, tmp_path: Pa
     assert not base.exists() or os.listdir(base) == [], "a cancelled run destroys its sandbox"
 
 
-@pytest.mark.parametrize("agent", ACP_AGENTS)
-def test_the_policy_answers_session_request_permission(agent: str, tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def _policy_run(agent: str, tmp_path: Path, name: str, script: list[Step]) -> tuple[list[Event], list[str]]:
+    home = tmp_path / f"home-{name}"
     home.mkdir()
-    script: list[Step] = [
-        _shell(agent, "echo hi > allowed.txt"),
-        _shell(agent, "rm -f keep.txt"),
-        _shell(agent, "touch asked.txt"),
-        Text("Done."),
-    ]
     for model in _model({"policy": script}):
         sandbox = define_sandbox(
             "policy",
-            local_process_sandbox(base_dir=tmp_path / "sb"),
+            local_process_sandbox(base_dir=tmp_path / f"sb-{name}"),
             define_workspace(setup=["echo keep > keep.txt"]),
             policy=define_sandbox_policy(default="ask", allow=["echo *"], deny=["rm *"]),
         )
@@ -319,20 +328,57 @@ def test_the_policy_answers_session_request_permission(agent: str, tmp_path: Pat
                     sandbox,
                     _harness(agent, model, home, ask=True),
                     "[[script:policy]] tidy up",
-                    thread_id="t-policy",
+                    thread_id=f"t-{name}",
                     store=store,
                 )
             )
-            again = await sandbox.ensure_existing(EnsureContext(thread_id="t-policy", run_id="check", store=store))
+            again = await sandbox.ensure_existing(EnsureContext(thread_id=f"t-{name}", run_id="check", store=store))
             assert again is not None
             present = [n for n in ("allowed.txt", "keep.txt", "asked.txt") if await again.handle.fs.exists(n)]
             await again.handle.destroy()
             return events, present
 
-        events, present = asyncio.run(main())
-    assert events[-1].type == "RUN_FINISHED", _types(events)
+        return asyncio.run(main())
+    raise AssertionError("unreachable")
+
+
+def _asked(events: list[Event]) -> list[CustomEvent]:
+    return [e for e in events if isinstance(e, CustomEvent) and e.name == "approval-requested"]
+
+
+def test_the_policy_answers_claude_agent_acp_permission_requests(tmp_path: Path) -> None:
+    agent = "claude-agent-acp"
+    script: list[Step] = [
+        _shell(agent, "echo hi > allowed.txt"),
+        _shell(agent, "rm -f keep.txt"),
+        _shell(agent, "touch asked.txt"),
+        Text("Done."),
+    ]
+    events, present = _policy_run(agent, tmp_path, "all", script)
+    assert events[-1].type == "RUN_FINISHED", events[-1]
     assert present == ["allowed.txt", "keep.txt"], "allowed ran; denied and unapproved did not"
-    asked = [e for e in events if isinstance(e, CustomEvent) and e.name == "approval-requested"]
-    assert len(asked) == 1, asked
-    assert asked[0].value["approvalId"].startswith(f"{agent}:command:") and "touch asked.txt" in asked[0].value["approvalId"]
+    results = [e for e in events if isinstance(e, ToolCallResultEvent)]
+    assert [r.state for r in results] == [None, "output-error", "output-error"], results
+    asked = _asked(events)
+    assert len(asked) == 1 and asked[0].value["approvalId"] == f"{agent}:command:touch asked.txt"
+    assert _none_left(tmp_path) == []
+
+
+def test_the_policy_answers_codex_acp_permission_requests(tmp_path: Path) -> None:
+    # Measured: codex-acp ends its whole turn when a permission is rejected, so the three outcomes take two runs.
+    agent = "codex-acp"
+    events, present = _policy_run(
+        agent,
+        tmp_path,
+        "deny",
+        [_shell(agent, "echo hi > allowed.txt"), _shell(agent, "rm -f keep.txt"), Text("Done.")],
+    )
+    assert events[-1].type == "RUN_FINISHED", events[-1]
+    assert present == ["allowed.txt", "keep.txt"], "allowed ran; denied did not"
+    assert _asked(events) == []
+    events, present = _policy_run(agent, tmp_path, "ask", [_shell(agent, "touch asked.txt"), Text("Done.")])
+    assert events[-1].type == "RUN_FINISHED", events[-1]
+    assert "asked.txt" not in present
+    asked = _asked(events)
+    assert len(asked) == 1 and asked[0].value["approvalId"] == f"{agent}:command:touch asked.txt"
     assert _none_left(tmp_path) == []
