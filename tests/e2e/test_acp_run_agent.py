@@ -9,6 +9,7 @@ the fake model's next request), and is cancelled mid-command with no process lef
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import time
@@ -115,6 +116,7 @@ def origin(tmp_path: Path) -> Path:
     return repo
 
 
+@contextlib.contextmanager
 def _model(scripts: dict[str, list[Step]]) -> Iterator[FakeModelServer]:
     server = FakeModelServer(scripts)
     server.start()
@@ -180,7 +182,7 @@ def _agents_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_acp_agent_edits_the_repo_with_a_shell_command(agent: str, kind: str, tmp_path: Path, origin: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    for model in _model({"edit": [_shell(agent, EDIT), Text("I edited it.")]}):
+    with _model({"edit": [_shell(agent, EDIT), Text("I edited it.")]}) as model:
         sandbox = define_sandbox(
             "acp", _provider(kind, tmp_path, origin), define_workspace(source=git_source(f"file://{origin}"))
         )  # type: ignore[arg-type]
@@ -238,7 +240,7 @@ def test_acp_agent_calls_a_host_python_tool_over_the_bridge(
 
     home = tmp_path / "home"
     home.mkdir()
-    for model in _model({"todos": [_bridge_call(agent), Text("You have two todos.")]}):
+    with _model({"todos": [_bridge_call(agent), Text("You have two todos.")]}) as model:
         sandbox = define_sandbox(
             "acp", _provider(kind, tmp_path, origin), lifecycle=Lifecycle(destroy_on_complete=True)
         )  # type: ignore[arg-type]
@@ -273,7 +275,7 @@ def test_cancelled_acp_run_leaves_no_process(agent: str, kind: str, tmp_path: Pa
     home = tmp_path / "home"
     home.mkdir()
     marker = f"sleep 600 # {tmp_path.name}"
-    for model in _model({"slow": [_shell(agent, marker), Text("never")]}):
+    with _model({"slow": [_shell(agent, marker), Text("never")]}) as model:
         sandbox = define_sandbox("acp", _provider(kind, tmp_path, origin))  # type: ignore[arg-type]
         controller = AbortController()
 
@@ -313,7 +315,7 @@ def test_cancelled_acp_run_leaves_no_process(agent: str, kind: str, tmp_path: Pa
 def _policy_run(agent: str, tmp_path: Path, name: str, script: list[Step]) -> tuple[list[Event], list[str]]:
     home = tmp_path / f"home-{name}"
     home.mkdir()
-    for model in _model({"policy": script}):
+    with _model({"policy": script}) as model:
         sandbox = define_sandbox(
             "policy",
             local_process_sandbox(base_dir=tmp_path / f"sb-{name}"),
@@ -339,7 +341,6 @@ def _policy_run(agent: str, tmp_path: Path, name: str, script: list[Step]) -> tu
             return events, present
 
         return asyncio.run(main())
-    raise AssertionError("unreachable")
 
 
 def _asked(events: list[Event]) -> list[CustomEvent]:
