@@ -550,7 +550,7 @@ class AcpTranslator:
         assert message.id is not None
         request_id = message.id
         if message.method == "session/request_permission":
-            result = self._permission(msgspec.convert(message.params, PermissionRequest), out)
+            result = self.answer_permission(msgspec.convert(message.params, PermissionRequest), out)
             self._reply(ResponseOut(id=request_id, result=result))
         elif message.method in ("fs/read_text_file", "fs/write_text_file") and self._harness.serve_fs:
             if self._channel is not None:
@@ -563,7 +563,8 @@ class AcpTranslator:
         if self._channel is not None:
             self._channel.send(_line(message))
 
-    def _permission(self, request: PermissionRequest, out: list[Event]) -> PermissionResult:
+    def answer_permission(self, request: PermissionRequest, out: list[Event]) -> PermissionResult:
+        """The policy's reply to ``session/request_permission`` (R40); an ask adds an approval event to ``out``."""
         call = request.tool_call
         known = self._calls.get(call.tool_call_id, _Call())
         title = call.title or known.title or ""
@@ -642,6 +643,8 @@ class AcpTranslator:
         if kind == "agent_message_chunk":
             content = update.content if isinstance(update.content, dict) else {}
             if content.get("type") == "text" and isinstance(content.get("text"), str):
+                if not content["text"]:
+                    return  # claude-agent-acp opens each message with an empty chunk
                 out += self._close_reasoning()
                 if self._text_id is None:
                     self._text_id = self._gen_id()
