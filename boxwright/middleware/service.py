@@ -1,8 +1,9 @@
 """The in-app shape: a service that drives runs in the background, and the ASGI glue around it.
 
-``SandboxService`` starts ``run_agent`` runs whose events go into an ``EventLog`` through a
-``RunController``: the run is a task of its own, so the request that started it, and every
-client tailing it, may come and go without touching it. Stopping a run is an explicit cancel
+``SandboxService`` starts ``run_agent`` runs whose events go into an ``EventLog`` through
+``pipe_to_run_log``: the run is a task of its own (in the service's one registry, a child of its
+TaskGroup once entered), so the request that started it, and every client tailing it, may come
+and go without touching it. Stopping a run is an explicit cancel
 (both bands: the durable ``cancel_requested`` flag and the in-process abort with
 ``RUN_CANCEL_REASON``), which also destroys its sandbox whatever the lifecycle says.
 
@@ -49,13 +50,13 @@ from boxwright.ids import check_client_run_id, check_thread_id
 from boxwright.runs import (
     RUN_CANCEL_REASON,
     EventLog,
-    RunController,
     RunPatch,
     RunRecord,
     RunStore,
     check_run_id,
     create_run,
     is_terminal_status,
+    pipe_to_run_log,
     request_run_cancel,
     was_cancel_requested,
 )
@@ -239,8 +240,6 @@ class SandboxService:
         self.lease_ttl_ms = lease_ttl_ms
         self._locks = locks
         self._store = store
-        # pipe_to_run_log never raises: the controller's runs need no containment.
-        self._controller = RunController(runs, log, spawn=self._task)
         # The one registry: every run this process drives (started here or taken over), by id.
         self._here: dict[str, _Driven] = {}
         self._group: asyncio.TaskGroup | None = None  # set between __aenter__ and __aexit__
@@ -306,7 +305,6 @@ class SandboxService:
         # Until none is left: a queued run may start while its predecessor ends.
         while pending := [e.task for e in self._here.values() if e.task is not None and not e.task.done()]:
             await asyncio.wait(pending)
-        await self._controller.drain()
 
     async def start_run(
         self,
@@ -398,10 +396,18 @@ class SandboxService:
                 work = self._drive_claimed(events, run_id, thread_id, abort, detached, durability, cleanup)
                 entry.task = self._spawn(work, f"boxwright run {run_id!r}")
             else:
-                handle = self._controller.start(
-                    events, run_id, thread_id, signal=abort.signal, detached=detached, after_terminal=cleanup
+                piped = pipe_to_run_log(
+                    events,
+                    self.runs,
+                    self.log,
+                    run_id,
+                    thread_id,
+                    abort.signal,
+                    detached=detached,
+                    after_terminal=cleanup,
                 )
-                entry.task = handle.done
+                # pipe_to_run_log never raises: no containment needed.
+                entry.task = self._task(piped, f"boxwright run {run_id!r}")
         except ServiceClosedError:
             self._unregister(run_id, entry)
             raise
