@@ -759,6 +759,8 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
     run_streams = RunStreams(service.runs, service.log)
 
     async def stream(request: Request) -> Response:
+        if request.method == "GET":
+            await service._before_tail(request.path_params["run_id"])  # a tail like the others
         return await run_streams.response(request, request.path_params["run_id"])
 
     async def cancel(request: Request) -> Response:
