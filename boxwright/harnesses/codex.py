@@ -20,9 +20,12 @@ command fails "bwrap: No permissions to create new namespace"), so Codex runs ``
 and the outer sandbox is the boundary. A ``sandbox_mode`` given explicitly wins.
 
 Permission hook: none. ``codex exec`` never asks anyone (approvals only exist in its interactive
-and app-server modes), so a policy maps to the sandbox mode and ``approval_policy`` (``codex_permissions``)
-and command globs (``allow echo *``, ``deny rm *``, ``ask``) are not enforced per command. The README's
-harness table says so.
+and app-server modes), so a policy maps to the sandbox mode and ``approval_policy`` (``codex_permissions``;
+its ``untrusted`` for a deny default becomes ``on-request``, as 0.169.0 refuses ``untrusted``), and command
+globs (``allow echo *``, ``deny rm *``, ``ask``) are not enforced per command. Measured under
+``on-request``: what Codex itself would ask about is rejected headless (``rm -f`` style commands: "not
+permitted"), and such a rejected command shows no item in ``--json`` at all; only the model is told.
+The README's harness table says so.
 
 Pitfalls measured: with ``workspace-write`` and ``CODEX_HOME`` under ``$TMPDIR`` the inner sandbox
 fails (``bwrap: execvp codex-linux-sandbox``): keep ``CODEX_HOME`` outside ``$TMPDIR`` (or set
@@ -114,7 +117,11 @@ class CodexHarness:
     def overrides(self, ctx: HarnessContext) -> list[tuple[str, str]]:
         """The ``-c key=value`` pairs, in order: approval, network, provider, bridge, raw config."""
         permissions = codex_permissions(ctx.policy)
-        pairs: list[tuple[str, str]] = [("approval_policy", _toml(self.approval_policy or "never"))]
+        approval = self.approval_policy or permissions.approval or "never"
+        if approval == "untrusted" and not self.approval_policy:
+            # 0.169.0 exits at start on it ("no longer supported"); on-request is the strictest it takes.
+            approval = "on-request"
+        pairs: list[tuple[str, str]] = [("approval_policy", _toml(approval))]
         if permissions.network_access is not None:
             pairs.append(("sandbox_workspace_write.network_access", _toml(permissions.network_access)))
         base_url = self.base_url or ctx.host_env.get("OPENAI_BASE_URL")

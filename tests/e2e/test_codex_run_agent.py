@@ -28,6 +28,7 @@ from boxwright.events import (
     ToolCallStartEvent,
 )
 from boxwright.harnesses.codex import codex
+from boxwright.policy import define_sandbox_policy
 from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
 from boxwright.providers.bubblewrap import probe
 from boxwright.stores.memory import MemoryInstanceStore
@@ -71,6 +72,7 @@ def model() -> Iterator[FakeModelServer]:
             ],
             "tool": [ToolCall("get_todos", {}, namespace="mcp__boxwright"), Text("You have one todo.")],
             "hang": [Hang(max_seconds=60)],
+            "echo": [ToolCall("exec_command", {"cmd": "echo hi"}), Text("Said hi.")],
             "first": [Text("First answer.")],
             "second": [Text("Second answer.")],
         }
@@ -280,3 +282,33 @@ def test_codex_resumes_its_thread_by_id(tmp_path: Path, origin: Path, model: Fak
     assert len(ids) == 2 and ids[0] == ids[1], "the same thread came back"
     resumed = model.model_requests()[-1].body
     assert "[[script:first]] one" in str(resumed["input"]) and "First answer." in str(resumed["input"])
+
+
+@pytest.mark.parametrize("default", ["ask", "deny"])
+def test_codex_runs_under_a_policy_mapped_to_its_own_modes(
+    default: str, tmp_path: Path, origin: Path, model: FakeModelServer, codex_bin: str
+) -> None:
+    """No permission hook in ``codex exec`` (see the module): the policy only picks sandbox and approval
+    modes, which this CLI must accept (0.169.0 exits at start on ``untrusted``, a deny default's old mapping)."""
+    policy = define_sandbox_policy(allow=["echo *"], deny=["rm *"], default=default)  # type: ignore[arg-type]
+    sandbox = define_sandbox(
+        "codex-policy",
+        _provider("local-process", tmp_path, origin),
+        lifecycle=Lifecycle(destroy_on_complete=True),
+        policy=policy,
+    )
+    events = asyncio.run(
+        _collect(
+            run_agent(
+                sandbox,
+                _harness(codex_bin, model, tmp_path),
+                "[[script:echo]] say hi",
+                thread_id="t-policy",
+                store=MemoryInstanceStore(),
+                host_env={},
+            )
+        )
+    )
+    _finished(events)
+    result = next(e for e in events if isinstance(e, ToolCallResultEvent))
+    assert result.state is None and '"aggregated_output":"hi\\n"' in str(result.content)

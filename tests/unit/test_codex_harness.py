@@ -200,6 +200,14 @@ def test_policy_maps_to_sandbox_and_approval() -> None:
     assert words[words.index("--sandbox") + 1] == "read-only"
     configs = [words[i + 1] for i, w in enumerate(words) if w == "-c"]
     assert "sandbox_workspace_write.network_access=false" in configs
+    assert 'approval_policy="on-request"' in configs  # an ask default
+
+
+def test_a_deny_default_asks_for_on_request_as_codex_refuses_untrusted() -> None:
+    words = argv(codex().plan(make_ctx(policy=define_sandbox_policy(default="deny"))).command)
+    assert 'approval_policy="on-request"' in words and 'approval_policy="untrusted"' not in words
+    words = argv(codex(approval_policy="untrusted").plan(make_ctx()).command)
+    assert 'approval_policy="untrusted"' in words  # explicit wins, even where codex will refuse it
 
 
 def test_resume_names_the_thread_before_the_stdin_prompt() -> None:
