@@ -46,7 +46,9 @@ THINKING_STYLE = "dim italic"
 # screens' widths: the live region must stay short enough to redraw in place.
 MAX_PARTIAL_WIDTHS = 4
 # Custom events that carry bookkeeping for programs, not news for a person.
-QUIET_EVENTS = frozenset({"claude-code.session-id", "structured-output.start"})
+QUIET_EVENTS = frozenset(
+    {"claude-code.session-id", "codex.session-id", "opencode.session-id", "structured-output.start"}
+)
 
 Stream = Literal["text", "reasoning"]
 

@@ -80,3 +80,9 @@ def test_a_diff_line_wider_than_the_console_is_printed_whole() -> None:
     added = "+" + "x" * 150
     shown = _render(CustomEvent(name="file.changed", value={"path": ".", "diff": f"--- a/f\n+++ b/f\n{added}\n"}))
     assert added in shown.splitlines()
+
+
+def test_each_harness_session_id_is_bookkeeping_not_news() -> None:
+    for name in ("claude-code.session-id", "codex.session-id", "opencode.session-id"):
+        shown = _render(CustomEvent(name=name, value={"sessionId": "s-123-visible?"}))
+        assert "s-123-visible?" not in shown and name not in shown, (name, shown)
