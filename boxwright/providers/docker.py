@@ -728,6 +728,12 @@ class DockerProvider:
                 self._api = DockerApi(self._base_url)
             return self._api
 
+    async def _connected(self) -> DockerApi:
+        """The client, made off the loop: its version handshake is a blocking call to the daemon."""
+        if self._api is not None:
+            return self._api
+        return await asyncio.to_thread(lambda: self.api)
+
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
@@ -749,7 +755,8 @@ class DockerProvider:
         return await self._create_from(self.image, env=input.env, network=network, key=input.id, run=self.run_id)
 
     async def _ensure_image(self, image: str) -> None:
-        api = self.api
+        """Raise naming a missing image (never pulled)."""
+        api = await self._connected()
         try:
             await api.call(api.api.inspect_image, image)
         except api.errors.NotFound:
@@ -818,6 +825,7 @@ class DockerProvider:
             # Root without capabilities still owns `/`: it makes it sticky and world-writable (as
             # /tmp), so the user may remove its own workspace as on a host, and a command in a
             # deleted workspace fails instead of running in a directory nobody can remove.
+            # (Neither `docker import` nor a build layer keeps a mode on `/` itself: measured.)
             made = await handle._bare_exec(["chmod", "1777", "/"], user="0:0")
             if made.exit_code != 0:
                 raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
@@ -833,7 +841,7 @@ class DockerProvider:
         return await self._create_from(input.snapshot_id, env=input.env, network=network, key=None, run=self.run_id)
 
     async def resume(self, input: ResumeInput) -> DockerHandle | None:
-        api = self.api
+        api = await self._connected()
         try:
             info = await api.call(api.api.inspect_container, input.id)
         except api.errors.NotFound:
@@ -854,7 +862,7 @@ class DockerProvider:
         return handle
 
     async def destroy(self, input: DestroyInput) -> None:
-        api = self.api
+        api = await self._connected()
         try:
             await api.call(api.api.remove_container, input.id, force=True, v=True)
         except api.errors.NotFound:
