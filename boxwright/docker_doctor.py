@@ -16,7 +16,8 @@ def docker_checks() -> list[tuple[str, str, bool, str]]:
         why = "the `docker` Python package is not installed: pip install 'boxwright[docker]'"
         return [("provider", "docker", False, why)]
     try:
-        client = docker.APIClient(version="auto", timeout=5)
+        url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"  # as the provider reads it
+        client = docker.APIClient(base_url=url, version="auto", timeout=5)
         version = client.version().get("Version", "?")
     except Exception as exc:
         why = f"no Docker engine answers ({type(exc).__name__}); start dockerd, or set DOCKER_HOST"
