@@ -18,6 +18,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -260,6 +261,10 @@ class SandboxService:
         self._closing = True  # from now on nothing starts: the group is about to end
         try:
             await self._close(self.on_close)
+        except BaseException:
+            # Interrupted (the lifespan cancelled): the group cancels what is left, and awaits it.
+            exc_info = sys.exc_info()
+            raise
         finally:
             self._group = None
             if group is not None:
