@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -297,6 +298,9 @@ class AcpHarness:
     auth_method: str | None = None
     emit_diff: bool = True
     install_hint: str = "install the ACP agent in the sandbox"
+    # Copied from the host env (run_agent's ``host_env``) when set there; ``env`` wins. Their values
+    # are secrets (API keys): masked in every event and log of the run.
+    host_env_names: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -311,7 +315,11 @@ class AcpHarness:
         if not ctx.capabilities.writable_stdin:
             raise ValueError(f"{self.label} speaks ACP over stdio and needs a sandbox with writable stdin")
         argv = [*executable_argv(self.command[0], ctx), *self.command[1:]]
-        return HarnessPlan(command="exec " + " ".join(shell.quote(p) for p in argv), stdin=None, env=dict(self.env))
+        env = {name: ctx.host_env[name] for name in self.host_env_names if ctx.host_env.get(name)}
+        env.update(self.env)
+        secrets = [env[name] for name in self.host_env_names if env.get(name) and ("KEY" in name or "TOKEN" in name)]
+        command = "exec " + " ".join(shell.quote(p) for p in argv)
+        return HarnessPlan(command=command, stdin=None, env=env, secrets=secrets)
 
     def translator(self, ctx: HarnessContext) -> AcpTranslator:
         return AcpTranslator(ctx, self)
@@ -585,6 +593,8 @@ class AcpTranslator:
         if policy is None or self._bridged(title, tool_input) is not None:
             return "allow"  # no policy = bypassPermissions (R40); our own bridge tools are the app's
         command = _command_text(tool_input.get("command"))
+        if command is None and kind == "execute" and title:
+            command = title.strip().strip("`")  # Gemini CLI asks with the command as the title alone
         action: ApprovalKind
         if kind == "execute" and command is not None:
             action, target = "command", command
@@ -744,6 +754,10 @@ class AcpTranslator:
         if stripped.startswith(self._bridge_prefix):
             return stripped.removeprefix(self._bridge_prefix).split(" ", 1)[0] or None
         bridge = self._bridge_prefix.split("__")[1]
+        served = re.fullmatch(rf"(\S+) \({re.escape(bridge)} MCP Server\)", stripped)
+        if served is not None:
+            return served.group(1)  # Gemini CLI's title: "<tool> (<server> MCP Server)"
+        stripped = stripped.removeprefix("mcp_")  # Gemini CLI's function name: mcp_<server>_<tool>
         for sep in ("_", ".", "/", ": "):
             if stripped.startswith(bridge + sep):
                 return stripped.removeprefix(bridge + sep).split(" ", 1)[0] or None

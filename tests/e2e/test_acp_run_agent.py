@@ -1,4 +1,4 @@
-"""Real ACP agents (claude-agent-acp, codex-acp) through run_agent and the ACP harness, against the fake model.
+"""Real ACP agents (claude-agent-acp, codex-acp, Gemini CLI's --acp) through run_agent and the ACP harness, against the fake model.
 
 Each agent, in a local-process and a bubblewrap sandbox: runs a shell command that edits a file of a
 cloned repository (the diff is asserted), calls a host Python tool over the bridge (its result reaches
@@ -31,6 +31,7 @@ from boxwright.events import (
     encode_event,
 )
 from boxwright.harnesses.acp import AcpHarness, acp
+from boxwright.harnesses.gemini_cli import gemini_cli
 from boxwright.policy import define_sandbox_policy
 from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
 from boxwright.providers.bubblewrap import probe
@@ -43,17 +44,21 @@ from tests.support.require import AGENT_BIN, agent_cli, missing
 AGENTS = "/opt/boxwright-agents"
 EDIT = "sed -i 's/hello/hello from acp/' README.md"
 PROVIDERS = ["local-process", "bubblewrap"]
-ACP_AGENTS = ["claude-agent-acp", "codex-acp"]
+ACP_AGENTS = ["claude-agent-acp", "codex-acp", "gemini"]
 RUN_TIMEOUT = 120.0  # seconds; a healthy run takes 2-6 s here
 
 
 def _shell(agent: str, command: str) -> ToolCall:
+    if agent == "gemini":
+        return ToolCall("run_shell_command", {"command": command, "description": "run it"})
     if agent == "codex-acp":
         return ToolCall("exec_command", {"cmd": command})
     return ToolCall("Bash", {"command": command, "description": "run it"})
 
 
 def _bridge_call(agent: str) -> ToolCall:
+    if agent == "gemini":
+        return ToolCall("mcp_boxwright_get_todos", {"status": "open"})
     if agent == "codex-acp":
         return ToolCall("get_todos", {"status": "open"}, namespace="mcp__boxwright")
     return ToolCall("mcp__boxwright__get_todos", {"status": "open"})
@@ -65,6 +70,9 @@ def _harness(agent: str, model: FakeModelServer, home: Path, *, ask: bool = Fals
     agent_home = "/tmp/agent-home" if kind == "bubblewrap" else str(home)
     # Every process the agent starts inherits this: how the test finds anything left behind.
     mark = {"BOXWRIGHT_TEST_MARK": str(home.parent)}
+    if agent == "gemini":
+        env = {**mark, "HOME": agent_home, "GEMINI_API_KEY": "sk-test", "GOOGLE_GEMINI_BASE_URL": model.base_url}
+        return gemini_cli("gemini-2.5-flash", executable=binary, env=env)
     if agent == "claude-agent-acp":
         env = {
             **mark,
@@ -292,11 +300,20 @@ def test_cancelled_acp_run_leaves_no_process(agent: str, kind: str, tmp_path: Pa
                     signal=controller.signal,
                 ):
                     events.append(event)
-                    if isinstance(event, ToolCallStartEvent):
-                        await asyncio.sleep(1.0)  # the agent is inside `sleep 600` now
-                        controller.abort("boxwright:cancel-requested")
 
-            await asyncio.wait_for(drive(), RUN_TIMEOUT)
+            async def abort_once_the_command_runs() -> None:
+                # Gemini CLI reports a tool call only once it has finished: wait for the model's tool call instead.
+                await asyncio.to_thread(model.wait_for_request, lambda r: r.step == 0, RUN_TIMEOUT)
+                await asyncio.sleep(3.0)
+                controller.abort("boxwright:cancel-requested")
+
+            watcher = asyncio.ensure_future(abort_once_the_command_runs())
+            try:
+                await asyncio.wait_for(drive(), RUN_TIMEOUT)
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(BaseException):
+                    await watcher
             return events
 
         started = time.monotonic()
@@ -380,6 +397,23 @@ def test_the_policy_answers_codex_acp_permission_requests(tmp_path: Path) -> Non
     events, present = _policy_run(agent, tmp_path, "ask", [_shell(agent, "touch asked.txt"), Text("Done.")])
     assert events[-1].type == "RUN_FINISHED", events[-1]
     assert "asked.txt" not in present
+    asked = _asked(events)
+    assert len(asked) == 1 and asked[0].value["approvalId"] == f"{agent}:command:touch asked.txt"
+    assert _none_left(tmp_path) == []
+
+
+def test_the_policy_answers_gemini_cli_permission_requests(tmp_path: Path) -> None:
+    # Measured: Gemini CLI asks with the command as the title and reports a tool call only once it ran.
+    agent = "gemini"
+    script: list[Step] = [
+        _shell(agent, "echo hi > allowed.txt"),
+        _shell(agent, "rm -f keep.txt"),
+        _shell(agent, "touch asked.txt"),
+        Text("Done."),
+    ]
+    events, present = _policy_run(agent, tmp_path, "all", script)
+    assert events[-1].type == "RUN_FINISHED", events[-1]
+    assert present == ["allowed.txt", "keep.txt"], "allowed ran; denied and unapproved did not"
     asked = _asked(events)
     assert len(asked) == 1 and asked[0].value["approvalId"] == f"{agent}:command:touch asked.txt"
     assert _none_left(tmp_path) == []
