@@ -28,10 +28,7 @@ class Check(msgspec.Struct):
 
 
 # Names a user of other sandbox libraries looks for: listed so that doctor says plainly they are not here yet.
-NOT_SUPPORTED_YET = (
-    ("provider", "e2b"),
-    ("agent-cli", "grok-build"),
-)
+NOT_SUPPORTED_YET = (("provider", "e2b"),)
 NOT_SUPPORTED = "not supported yet: boxwright has no provider or harness for it"
 
 
@@ -114,6 +111,35 @@ def _codex_auth_check() -> Check:
     )
 
 
+def _gemini_auth_check() -> Check:
+    return _key_or_login_check(
+        "gemini",
+        ("GEMINI_API_KEY",),
+        os.path.join(os.path.expanduser("~"), ".gemini", "oauth_creds.json"),
+        "no model key and no login: set GEMINI_API_KEY, or run `gemini` once and log in",
+    )
+
+
+def _grok_checks() -> list[Check]:
+    """Grok Build is on no npm registry: found on PATH or where its installer puts it ($HOME/.grok/bin)."""
+    from .auth import HARNESS_KEY_ENV
+
+    installed = os.path.join(os.path.expanduser("~"), ".grok", "bin", "grok")
+    found = shutil.which("grok") or (installed if os.access(installed, os.X_OK) else None)
+    cli = (
+        Check("agent-cli", "grok-build", True, found)
+        if found
+        else Check("agent-cli", "grok-build", False, "`grok` not found on PATH or in ~/.grok/bin; install Grok Build")
+    )
+    keys = [k for k in HARNESS_KEY_ENV["grok-build"] if os.environ.get(k)]
+    auth = (
+        Check("agent-auth", "grok-build", True, f"model key in ${keys[0]} (passed to the agent)")
+        if keys
+        else Check("agent-auth", "grok-build", False, "no model key: set XAI_API_KEY (or GROK_API_KEY)")
+    )
+    return [cli, auth]
+
+
 def _opencode_auth_check() -> Check:
     from .auth import OPENCODE_KEY_ENV
 
@@ -150,6 +176,12 @@ def doctor_checks() -> list[Check]:
         _codex_auth_check(),
         _cli_version_check("opencode", "opencode", "opencode-ai"),
         _opencode_auth_check(),
+        _cli_version_check("gemini", "gemini", "@google/gemini-cli"),
+        _gemini_auth_check(),
+        *_grok_checks(),
+        # ACP agents (--harness acp:<command>): presence only, since `--version` would start the stdio server.
+        _cli_check("acp:claude-agent-acp", "claude-agent-acp", "@zed-industries/claude-agent-acp"),
+        _cli_check("acp:codex-acp", "codex-acp", "@zed-industries/codex-acp"),
         *(Check(kind, name, False, NOT_SUPPORTED) for kind, name in NOT_SUPPORTED_YET),
     ]
     return checks
@@ -257,11 +289,25 @@ def _opencode_harness(model: str | None) -> Any:
     return opencode(model)
 
 
+def _gemini_harness(model: str | None) -> Any:
+    from .harnesses.gemini_cli import gemini_cli
+
+    return gemini_cli(model)
+
+
+def _grok_harness(model: str | None) -> Any:
+    from .harnesses.grok_build import grok_build
+
+    return grok_build(model) if model else grok_build()
+
+
 # ``--harness NAME``: each entry builds the harness for ``--model`` (None: the CLI's own default).
 HARNESSES: dict[str, Callable[[str | None], Any]] = {
     "claude-code": _claude_code_harness,
     "codex": _codex_harness,
     "opencode": _opencode_harness,
+    "gemini": _gemini_harness,
+    "grok": _grok_harness,
 }
 
 
@@ -276,8 +322,12 @@ def _harness(spec: str, model: str | None) -> Any:
             _usage_error(f"--harness {spec}: {exc}")
     if spec.startswith("command:") and spec[len("command:") :].strip():
         return command_harness(spec[len("command:") :])
+    if spec.startswith("acp:") and spec[len("acp:") :].strip():
+        from .harnesses.acp import acp
+
+        return acp(spec[len("acp:") :])  # any ACP agent: its command line, split on spaces
     names = ", ".join(HARNESSES)
-    raise SystemExit(f"--harness takes one of {names}, or command:<shell command>, got {spec!r}")
+    raise SystemExit(f"--harness takes one of {names}, acp:<agent command> or command:<shell command>, got {spec!r}")
 
 
 def _provider(name: str, image: str | None = None) -> Any:
@@ -486,7 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--provider", default="local", help="local (default), bubblewrap or docker")
     run.add_argument("--image", default=None, help="the Docker image (--provider docker; default: the runner image)")
     run.add_argument(
-        "--harness", default="claude-code", help="claude-code (default), codex, opencode or command:<shell command>"
+        "--harness",
+        default="claude-code",
+        help="claude-code (default), codex, opencode, gemini, grok, acp:<agent command> or command:<shell command>",
     )
     run.add_argument("--model", help="the model the agent uses")
     run.add_argument("--tools", help="MODULE:ATTR: Python tools to bridge to the agent")
