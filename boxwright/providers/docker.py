@@ -265,6 +265,8 @@ class DockerProcess:
         self._eof = asyncio.Event()
         self._pump = asyncio.ensure_future(self._read())
         self._exit: asyncio.Future[int] = asyncio.ensure_future(self._await_exit())
+        # Its error reaches whoever waits (through a shield); retrieved here so none is reported as lost.
+        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._kill: asyncio.Task[None] | None = None
         self.kill_requested = False
 
@@ -312,6 +314,10 @@ class DockerProcess:
                 code = state.get("ExitCode")
                 if code is None:
                     raise SandboxNotFoundError(NAME, self._handle.id, "lost the command (no exit code reported)")
+                if int(code) in (126, 137):
+                    # SIGKILL, or the runtime's own failure: say so when the container itself went away
+                    # (its state flips a moment after its processes die, hence the short recheck).
+                    await self._handle._check_alive(settle=1.0 if int(code) == 137 else 0.0)
                 return int(code)
             if time.monotonic() > deadline:
                 # The stream closed but the process runs on (it closed its stdout): say so, do not hang.
@@ -629,6 +635,21 @@ class DockerHandle:
         process = await self._start_exec(argv, {}, False, None, user)
         out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
         return ExecResult(stdout=out, stderr=err, exit_code=code)
+
+    async def _check_alive(self, settle: float = 0.0) -> None:
+        """Raise ``SandboxNotFoundError`` when the container was removed or stopped (from outside)."""
+        api = self.api
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                info = await api.call(api.api.inspect_container, self.id)
+            except api.errors.NotFound as exc:
+                raise SandboxNotFoundError(NAME, self.id, "was removed while a command ran") from exc
+            if not (info.get("State") or {}).get("Running"):
+                raise SandboxNotFoundError(NAME, self.id, "was stopped or removed while a command ran")
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.05)
 
     async def address(self) -> str:
         """The container's address on its Docker network, as the host reaches it (the runner binds it)."""
