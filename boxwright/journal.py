@@ -41,6 +41,7 @@ from .errors import (
     JournalAttachUnavailableError,
     JournalFrameError,
     JournalTruncatedError,
+    ProcessExitedError,
     SandboxCommandError,
 )
 from .ids import check_encodable_run_id, check_run_id, id_problem
@@ -804,7 +805,10 @@ async def start_journaled_agent(
     """
     process = await handle.process.spawn(journaled_command(command, paths), ProcessOptions(cwd=cwd, env=env))
     if stdin is not None:
-        await process.stdin.write(stdin)
+        # An agent that never reads its prompt (``echo hi``) may be gone before the write: its exit
+        # is in the journal, where the reader reports it; a refused write is not a failed start.
+        with contextlib.suppress(ProcessExitedError):
+            await process.stdin.write(stdin)
     await process.stdin.end()
     return process
 

@@ -142,3 +142,24 @@ def test_cancel_of_a_journaled_run_kills_the_agent_and_destroys_the_sandbox(kind
     assert isinstance(events[-1], RunErrorEvent) and events[-1].code == "cancelled"
     base = tmp_path / "sb"
     assert not base.exists() or os.listdir(base) == []
+
+
+@pytest.mark.parametrize("kind", ["local-process", "bubblewrap"])
+def test_an_agent_that_never_reads_its_prompt_still_runs_journaled(kind: str, tmp_path: Path) -> None:
+    # A prompt bigger than a pipe's buffer: the write blocks until the agent has exited, then fails.
+    sandbox = define_sandbox("no-read", _provider(kind, tmp_path), lifecycle=Lifecycle(destroy_on_complete=True))
+
+    async def main() -> list[Event]:
+        stream = run_agent(
+            sandbox,
+            command_harness("echo hi"),
+            "x" * (1024 * 1024),
+            thread_id="t",
+            run_id=f"no-read-{uuid.uuid4().hex[:8]}",
+            journal=JournalOptions(),
+        )
+        return [e async for e in stream]
+
+    events = asyncio.run(main())
+    assert isinstance(events[-1], RunFinishedEvent), events[-1]
+    assert "".join(e.delta for e in events if isinstance(e, TextMessageContentEvent)) == "hi\n"
