@@ -262,3 +262,24 @@ def test_a_missing_agent_binary_is_one_run_error_naming_it(tmp_path: Path) -> No
     error = events[-1]
     assert isinstance(error, RunErrorEvent) and error.code == "executable_not_found", error
     assert "no-such-agent" in error.message
+
+
+def test_a_journaled_acp_run_is_refused_before_the_agent_starts(tmp_path: Path) -> None:
+    from boxwright.agent import JournalOptions
+
+    log = tmp_path / "client.ndjson"
+    harness = acp([sys.executable, str(FAKE_AGENT), str(log)], name="fake-acp")
+    sandbox = define_sandbox(
+        "acp", local_process_sandbox(base_dir=tmp_path / "sb"), lifecycle=Lifecycle(destroy_on_complete=True)
+    )
+
+    async def main() -> list[Event]:
+        run = run_agent(
+            sandbox, harness, "hi", thread_id="t", run_id="r-j", store=MemoryInstanceStore(), journal=JournalOptions()
+        )
+        return [e async for e in run]
+
+    events = asyncio.run(asyncio.wait_for(main(), 30))
+    error = events[-1]
+    assert isinstance(error, RunErrorEvent) and "cannot attach to a durable run" in error.message, error
+    assert not log.exists(), "the agent never started"
