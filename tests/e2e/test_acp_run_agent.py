@@ -1,4 +1,4 @@
-"""Real ACP agents (claude-agent-acp, codex-acp, Gemini CLI's --acp) through run_agent and the ACP harness, against the fake model.
+"""Real ACP agents (claude-agent-acp, codex-acp, Gemini CLI --acp) through run_agent, against the fake model.
 
 Each agent, in a local-process and a bubblewrap sandbox: runs a shell command that edits a file of a
 cloned repository (the diff is asserted), calls a host Python tool over the bridge (its result reaches
