@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -283,3 +284,33 @@ def test_a_journaled_acp_run_is_refused_before_the_agent_starts(tmp_path: Path) 
     error = events[-1]
     assert isinstance(error, RunErrorEvent) and "cannot attach to a durable run" in error.message, error
     assert not log.exists(), "the agent never started"
+
+
+def test_an_abort_sends_session_cancel_and_stops_the_agent(tmp_path: Path) -> None:
+    from boxwright.abort import AbortController
+
+    log = tmp_path / "client.ndjson"
+    harness = acp([sys.executable, str(FAKE_AGENT), str(log), "--hang"], name="fake-acp")
+    sandbox = define_sandbox(
+        "acp", local_process_sandbox(base_dir=tmp_path / "sb"), lifecycle=Lifecycle(destroy_on_complete=True)
+    )
+    controller = AbortController()
+
+    async def main() -> list[Event]:
+        events: list[Event] = []
+        async for event in run_agent(
+            sandbox, harness, "hi", thread_id="t", store=MemoryInstanceStore(), signal=controller.signal
+        ):
+            events.append(event)
+            if event.type == "REASONING_MESSAGE_CONTENT":
+                controller.abort("boxwright:cancel-requested")
+        return events
+
+    events = asyncio.run(asyncio.wait_for(main(), 30))
+    error = events[-1]
+    assert isinstance(error, RunErrorEvent) and error.code == "cancelled", error
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    cancel = [m for m in sent if m.get("method") == "session/cancel"]
+    assert cancel == [{"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "sess-fake-1"}}]
+    alive = subprocess.run(["pgrep", "-f", str(log)], capture_output=True, text=True).stdout.split()
+    assert alive == [], "the agent was stopped (it never exits by itself)"
