@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -61,6 +61,7 @@ from .journal import (
     encode_run_id,
     journal_cleanup_command,
     journal_dir_of,
+    journal_files_path,
     journal_paths,
     journal_stderr_read_command,
     parse_exit_sentinel,
@@ -159,12 +160,15 @@ class JournalOptions:
     ``cleanup``: see ``JournalCleanup``. Without one, a fresh run removes its journal after its
     terminal event was delivered, and an attaching reader never removes it (the reaper's
     ``prune_journals`` does).
+    ``logged``: an attaching reader's view of the run's stored events, from which its watcher
+    learns which file events the log already holds (see ``_resume_file_events``).
     """
 
     dir: str | None = None
     cleanup: JournalCleanup | None = None
     attach: bool = False
     runs: RunLookup | None = None
+    logged: Callable[[], Awaitable[Sequence[Event]]] | None = None
     first_byte_timeout_ms: float | None = DEFAULT_FIRST_BYTE_TIMEOUT_MS
     poll_interval_ms: float = DEFAULT_JOURNAL_POLL_MS
 
@@ -455,9 +459,10 @@ async def _drive(
     remove_journal: JournalPaths | None = None  # removed by this drive once its terminal event is out
     try:
         await _write_files(handle, plan.files, hctx.cwd)
+        attaching = journal is not None and journal.attach
         if sandbox.file_events:
             on_file = _calling_hooks(run.on_file, hooks) if hooks.active else run.on_file
-            watcher = await WorkspaceWatcher(handle, on_file, root=hctx.cwd).start()
+            watcher = await WorkspaceWatcher(handle, on_file, root=hctx.cwd, hold=attaching).start()
         translator = harness.translator(hctx)
         # A protocol agent (ACP) is answered on its stdin while it runs: see harnesses/interactive.py.
         interactive = isinstance(translator, Interactive)
@@ -468,10 +473,16 @@ async def _drive(
             raise DurableAttachNotSupportedError(harness.name, reason)
         if journal is not None:
             paths = journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle))
+            caught_up: tuple[int, Callable[[], None]] | None = None
+            if watcher is not None and not journal.attach:
+                # Before the agent starts, so any successor finds it (see _resume_file_events).
+                await _write_files(handle, {journal_files_path(paths): _encode_listing(watcher.baseline)}, hctx.cwd)
             if not journal.attach:
                 # No signal: a dropped request must not kill a durable agent; a cancel destroys the sandbox.
                 await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)
-            journaled = run.spawn(_pump_journal(handle, paths, journal, translator, run, signal))
+            elif watcher is not None:
+                caught_up = (await _resume_file_events(handle, paths, journal, watcher), watcher.release)
+            journaled = run.spawn(_pump_journal(handle, paths, journal, translator, run, signal, caught_up))
         else:
             # An interactive agent is told of a cancel first (its channel kills it after a grace period).
             process = await handle.process.spawn(
@@ -552,6 +563,55 @@ async def _drive(
         await teardown()
 
 
+def _encode_listing(listing: Mapping[str, str]) -> str:
+    return msgspec.json.encode(dict(listing)).decode()
+
+
+async def _resume_file_events(
+    handle: SandboxHandle, paths: JournalPaths, journal: JournalOptions, watcher: WorkspaceWatcher
+) -> int:
+    """Tell a successor's (held) watcher what the run's log knows; returns the journal's size now.
+
+    Why a stored listing, not journaled file events: file events come from a watcher racing the
+    agent, and a driver can die between seeing a change and logging it, so no record the driver
+    keeps can be complete. The workspace itself is: the first driver's listing from before its
+    agent started, plus the file events its log holds, is what the log already knows; this
+    watcher's start listing is the tree now, and ``reconcile`` between them is exactly what the
+    log lacks. Its release waits until the replay has translated the journal as it was when this
+    listing was taken (the returned size): every tool call that wrote one of these files is in
+    those bytes (an agent logs a call before running it), so each file event follows its call,
+    and the replay is past the stored log, whose alignment would drop an out-of-band event met
+    inside its prefix.
+    """
+    split = "boxwright-files"
+    command = (
+        f"cat {quote(journal_files_path(paths))} 2>/dev/null; printf '\\0{split}\\0\\n'; "
+        f"wc -c < {quote(paths.journal)} 2>/dev/null || echo 0"
+    )
+    baseline: dict[str, str] | None = None
+    size = 0
+    try:
+        output = (await handle.process.exec(command)).stdout
+        stored, found, rest = output.partition(f"\0{split}\0\n")
+        if found:
+            size = int(rest.strip() or 0)
+            if stored.strip():
+                baseline = msgspec.json.decode(stored, type=dict[str, str])
+    except Exception as exc:  # no listing: the gap before this watcher cannot be reported, the rest can
+        log.warning("%s: the workspace listing from before the run is unreadable: %r", paths.journal, exc)
+    if baseline is None:
+        # An older driver's run: what changed before this watcher started is not reported.
+        log.warning("%s: no workspace listing from before the run; earlier file events may be missing", paths.journal)
+    reported: dict[str, str] = {}
+    if journal.logged is not None:
+        for event in await journal.logged():
+            value = event.value if isinstance(event, CustomEvent) and event.name == "sandbox.file" else None
+            if isinstance(value, dict) and isinstance(value.get("path"), str):
+                reported[value["path"]] = str(value.get("type"))
+    watcher.resume_from(baseline, reported)
+    return size
+
+
 def _calling_hooks(on_file: Callable[[FileEvent], None], hooks: FileHookDispatcher) -> Callable[[FileEvent], None]:
     def both(event: FileEvent) -> None:
         on_file(event)
@@ -612,10 +672,24 @@ async def _pump_journal(
     translator: Any,
     run: _Run,
     signal: AbortSignal | None,
+    caught_up: tuple[int, Callable[[], None]] | None = None,
 ) -> tuple[int | None, str]:
-    """Translate the journal up to the exit sentinel; returns (exit code or None if stopped, stderr tail)."""
+    """Translate the journal up to the exit sentinel; returns (exit code or None if stopped, stderr tail).
+
+    ``caught_up`` = (size, call): ``call()`` once the lines up to byte ``size`` are translated,
+    right after their events are queued (a successor's watcher release, see ``_resume_file_events``).
+    """
     exit_code: int | None = None
+
+    def check(position: int) -> None:
+        nonlocal caught_up
+        if caught_up is not None and position >= caught_up[0]:
+            call = caught_up[1]
+            caught_up = None
+            call()
+
     try:
+        check(0)
         if options.attach:
             await await_attachable_journal(handle, paths, run.run_id, runs=options.runs, signal=signal)
         lines = read_journal(
@@ -629,12 +703,16 @@ async def _pump_journal(
         async with contextlib.aclosing(lines):
             async for entry in lines:
                 if not entry.line.strip():
+                    check(entry.end_position)
                     continue
                 exit_code = parse_exit_sentinel(entry.line, paths)
                 if exit_code is not None:
+                    # Not released here: the run's last events (translator.finish) may be in the
+                    # stored log still ahead; the watcher's finish releases after them.
                     fault_point("agent.exit-sentinel")
                     break
                 run.queue.put_nowait(translator.feed(entry.line))
+                check(entry.end_position)
                 fault_point("agent.journal-line")
     finally:
         run.queue.put_nowait(_DONE)

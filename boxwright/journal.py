@@ -70,7 +70,9 @@ DEFAULT_ORPHAN_TTL_MS = 3_600_000
 DEFAULT_MAX_DELETES = 200
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "aborted"})
 
-JOURNAL_SUFFIXES = (".ndjson", ".err")
+# The journal, its stderr sidecar, and the workspace listing taken before the agent started (see
+# ``journal_files_path``): one run's files, pruned and removed together.
+JOURNAL_SUFFIXES = (".ndjson", ".err", ".files")
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
 _RESERVED = re.compile(r"(?:CON|PRN|AUX|NUL|COM[1-9]|LPT[1-9])", re.IGNORECASE)
 _HASHED_TAIL = re.compile(rf"-[0-9a-f]{{{TRUNCATION_HASH_LENGTH}}}")
@@ -375,8 +377,17 @@ def journal_exit_probe_command(paths: JournalPaths, max_bytes: int = DEFAULT_EXI
     return f"tail -c -{_positive(max_bytes, 'max_bytes')} {quote(paths.journal)} 2>/dev/null | base64"
 
 
+def journal_files_path(paths: JournalPaths) -> str:
+    """Where a journaled run keeps its workspace listing from before its agent started (private, mode 600).
+
+    A successor's watcher starts after the writes made while no driver lived; from this listing and
+    the file events the log holds it reports what the log lacks (``WorkspaceWatcher.release``).
+    """
+    return paths.journal.removesuffix(".ndjson") + ".files"
+
+
 def journal_cleanup_command(paths: JournalPaths) -> str:
-    return f"rm -f {quote(paths.journal)} {quote(paths.stderr)}"
+    return f"rm -f {quote(paths.journal)} {quote(paths.stderr)} {quote(journal_files_path(paths))}"
 
 
 def journal_list_command(dir: str = DEFAULT_JOURNAL_DIR) -> str:
@@ -1112,6 +1123,7 @@ __all__ = [
     "journal_dir_of",
     "journal_exists_command",
     "journal_exit_probe_command",
+    "journal_files_path",
     "journal_follow_command",
     "journal_list_command",
     "journal_mtime_list_command",

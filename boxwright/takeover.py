@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeVar, overload
@@ -335,8 +336,27 @@ async def with_run_claim(
         return await fn(claim)
 
 
+QuietSince = tuple[str, float]
+"""(a tail offset of the log, the ``time.monotonic()`` just before it was read): a quiet window's start."""
+
+
+async def log_quiet_since(log: EventLog, run_id: str) -> QuietSince | None:
+    """Where a quiet window may start now: the log's tail and the time; ``None`` if the log cannot say."""
+    started = time.monotonic()
+    try:
+        return await log.tail(run_id), started
+    except Exception as exc:
+        _log(_logger, logging.DEBUG, "run %r: no tail to start a quiet window from: %s", run_id, exc)
+        return None
+
+
 async def await_log_quiescence(
-    log: EventLog, run_id: str, quiet_ms: float, *, probes: int = DEFAULT_QUIESCENCE_PROBES
+    log: EventLog,
+    run_id: str,
+    quiet_ms: float,
+    *,
+    probes: int = DEFAULT_QUIESCENCE_PROBES,
+    since: QuietSince | None = None,
 ) -> str:
     """Wait until ``run_id``'s log stops growing: the same tail twice, ``quiet_ms`` apart (R52).
 
@@ -344,11 +364,22 @@ async def await_log_quiescence(
     ``tail()`` rather than ``snapshot()`` lengths: the same question, without reading the
     whole log up to ``probes + 1`` times. Never ``read()``s. After ``probes`` sleeps with
     the log still growing, raises ``RunLogNotQuiescentError``: a predecessor is still live.
+
+    ``since`` (``log_quiet_since``, taken earlier): the first window started then, so it only
+    waits for what is left of it. Sound because a log only grows: the same tail at both ends
+    means not one append in between, however long ago the first was read. A successor takes it
+    before it waits for the dead driver's lease, so the lease wait and the window overlap
+    instead of adding up; a log that moved meanwhile gets a whole window from its new tail.
     """
-    previous = await log.tail(run_id)
+    quiet_s = max(quiet_ms, 0) / 1000
+    if since is None:
+        previous, started = await log.tail(run_id), time.monotonic()
+    else:
+        previous, started = since
     for _ in range(probes):
         fault_point("takeover.quiet-window")
-        await asyncio.sleep(max(quiet_ms, 0) / 1000)
+        await asyncio.sleep(max(started + quiet_s - time.monotonic(), 0))
+        started = time.monotonic()
         current = await log.tail(run_id)
         if current == previous:
             return current
@@ -610,14 +641,18 @@ class SandboxRunDriver:
         detached: Callable[[], bool] | None = None,
         claim: RunClaim | None = None,
         after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
+        quiet_since: QuietSince | None = None,
     ) -> RunRecord:
-        """Drive ``stream`` under ``claim`` (default: the one held on ``run_id``); see ``pipe_claimed``."""
+        """Drive ``stream`` under ``claim`` (default: the one held on ``run_id``); see ``pipe_claimed``.
+
+        First the log must have been quiet for ``fence_quiet_ms``, counted from ``quiet_since``
+        (``log_quiet_since``, taken before the claim) when given (see ``await_log_quiescence``)."""
         claim = claim if claim is not None else self.held_claim(run_id)
         if claim is None or claim.run_id != run_id:
             await _close_quietly(stream)
             raise RunDriverPipeOutsideClaimError(run_id)
         try:
-            await await_log_quiescence(self.log, run_id, self.fence_quiet_ms)
+            await await_log_quiescence(self.log, run_id, self.fence_quiet_ms, since=quiet_since)
         except BaseException:
             await _close_quietly(stream)
             raise
@@ -663,6 +698,8 @@ class SandboxRunDriver:
             _log(logger, logging.DEBUG, "resume of run %r: a cancel is recorded; driving nothing", run_id)
             return False
         thread_id = record.thread_id
+        # Before the claim, which waits out a dead driver's lease: the quiet window runs meanwhile.
+        quiet_since = await log_quiet_since(self.log, run_id)
 
         try:
             async with self.claim(run_id) as claim:
@@ -674,7 +711,14 @@ class SandboxRunDriver:
                 except Exception as exc:
                     _log(logger, logging.WARNING, "resume of run %r: could not clear detached_since: %s", run_id, exc)
                 stream = start_drive(self.drive, run_id, thread_id, claim.run_signal)
-                await self.pipe(stream, run_id, thread_id, claim=claim, after_terminal=self.after_terminal)
+                await self.pipe(
+                    stream,
+                    run_id,
+                    thread_id,
+                    claim=claim,
+                    after_terminal=self.after_terminal,
+                    quiet_since=quiet_since,
+                )
         except (RunClaimNotAcquiredError, RunClaimLostError) as exc:
             _log(logger, logging.DEBUG, "resume of run %r: not driven: %s", run_id, exc)
             return False

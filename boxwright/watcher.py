@@ -113,6 +113,7 @@ class WorkspaceWatcher:
         ignore: Sequence[str] = DEFAULT_IGNORE,
         interval: float = POLL_INTERVAL,
         native: bool = True,
+        hold: bool = False,
     ) -> None:
         self._handle = handle
         self._on_event = on_event
@@ -127,13 +128,24 @@ class WorkspaceWatcher:
         self._last: dict[str, str] = {}  # path -> type of the last event reported for it
         self._finished = False
         self._final = False  # the last listing is reporting
+        # A successor's watcher (``hold=True``) keeps its live events until ``release``: what it sees
+        # must follow the replay's catch-up, and what the log lacks from before it goes first.
+        self._held: list[FileEvent] | None = [] if hold else None
+        self._start: dict[str, str] = {}
+        self._known: tuple[dict[str, str] | None, dict[str, str]] = (None, {})
 
     @property
     def mode(self) -> Literal["native", "poll"]:
         return "native" if self._native is not None else "poll"
 
+    @property
+    def baseline(self) -> dict[str, str]:
+        """The listing taken at ``start`` (``path -> "mtime size"``), before anything was watched."""
+        return dict(self._start)
+
     async def start(self) -> WorkspaceWatcher:
         self._state = await self._list()
+        self._start = dict(self._state)
         self._task = asyncio.ensure_future(self._watch() if self._native is not None else self._poll_loop())
         if self._native is not None:
             # One loop step: the task registers its watch (synchronously, before its first wait),
@@ -148,31 +160,87 @@ class WorkspaceWatcher:
     def _emit(self, event: FileEvent) -> None:
         if self._finished and not self._final:
             return  # a live event after the last listing: that listing has reported it
+        if self._held is not None:
+            self._held.append(event)
+            return
         self._last[event.path] = event.type
         self._on_event(event)
+
+    def resume_from(self, baseline: dict[str, str] | None, reported: dict[str, str]) -> None:
+        """What a held watcher's ``release`` reports first: a successor's view of the run before it.
+
+        ``baseline``: the first driver's listing before its agent started (``None`` if unknown:
+        then this watcher's own start listing, so nothing before it is reported); ``reported``:
+        path -> type of the last ``sandbox.file`` event the run's log holds for it.
+        """
+        self._known = (dict(baseline) if baseline is not None else None, dict(reported))
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
+    def release(self) -> None:
+        """Report what the log lacks from before this watcher's start, then what it held; live from now on.
+
+        The gap is ``reconcile(baseline, start listing, reported)``: the rule a run's own last
+        listing follows, so a taken-over run reports a path exactly as one driver would have
+        (a create, change or delete the log never got; a change after a logged create or change
+        is not repeated: the run's diff shows the content). Idempotent.
+        """
+        held, self._held = self._held, None
+        if held is None:
+            return
+        baseline, reported = self._known
+        self._last.update(reported)
+        gap = reconcile(self._start if baseline is None else baseline, self._start, reported, now_ms())
+        for event in [*gap, *held]:
+            self._emit(event)
 
     async def _watch(self) -> None:
         assert self._native is not None
         # An editor's write-and-rename (sed -i, most IDEs) arrives as a create: over a file that
         # existed, it is a change.
         known = set(self._state or ())
+        # path -> "mtime size" as of the last event reported for it (or the start listing). One write
+        # can reach us as a create and, a debounce window later, a modify: the file is then as it was
+        # when the create was reported, and a second event would report one write twice.
+        stamps = dict(self._state or {})
         try:
             async for batch in self._native(self._root, self._stopping):
-                for change in batch:
-                    if any(part in self._ignore for part in change.path.split("/")):
-                        continue
+                changes = [c for c in batch if not any(part in self._ignore for part in c.path.split("/"))]
+                present = await self._stamps([c.path for c in changes if c.type != "delete"])
+                for change in changes:
                     kind = change.type
                     if kind == "create" and change.path in known:
                         kind = "change"
                     if kind == "delete":
                         known.discard(change.path)
+                        stamps.pop(change.path, None)
                     else:
+                        stamp = present.get(change.path)
+                        if kind == "change" and stamp is not None and stamps.get(change.path) == stamp:
+                            continue  # nothing changed since the event that reported this file
                         known.add(change.path)
+                        if stamp is not None:
+                            stamps[change.path] = stamp
                     self._emit(FileEvent(kind, change.path, now_ms()))
         except Exception as exc:  # native watching is a nicety: fall back to polling, never fail the run
             log.warning("native workspace watch failed (%r); polling instead", exc)
             self._native = None
             await self._poll_loop()
+
+    async def _stamps(self, paths: Sequence[str]) -> dict[str, str]:
+        """``path -> "mtime size"`` of those of ``paths`` that are files now, in one exec; ``{}`` if it fails."""
+        if not paths:
+            return {}
+        named = " ".join(quote(f"./{path}") for path in dict.fromkeys(paths))
+        command = f"find {named} -maxdepth 0 -type f -printf '%T@\\t%s\\t%p\\n' 2>/dev/null; true"
+        try:
+            result = await self._handle.process.exec(command, ProcessOptions(cwd=self._root))
+        except Exception as exc:  # unknown stamps: every event is reported, as without this check
+            log.debug("workspace stamp read failed: %r", exc)
+            return {}
+        return parse_listing(result.stdout)
 
     @property
     def listing_command(self) -> str:
@@ -219,6 +287,9 @@ class WorkspaceWatcher:
         """
         if self._finished:
             return
+        # A successor whose replay never caught up (its agent had already ended): the gap and the
+        # held events go now, ahead of the last listing that compares against them.
+        self.release()
         self._finished = True
         self._stopping.set()
         if self._native is None and self._task is not None:

@@ -560,6 +560,9 @@ class SandboxService:
         cleanup = JournalCleanup()
 
         def replay(rid: str, tid: str, signal: AbortSignal) -> AsyncIterator[Event]:
+            async def stored() -> list[Event]:
+                return await self.log.snapshot(rid)
+
             events = run_agent(
                 spec.sandbox,
                 spec.harness,
@@ -571,14 +574,11 @@ class SandboxService:
                 signal=AbortSignal.any([signal, entry.abort.signal]),
                 store=self._store,
                 locks=locks,
-                journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup),
+                # The stored log also tells the successor's watcher which file events it holds.
+                journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup, logged=stored),
                 durability=RecordDurability(self.runs, rid, claim_of=lambda: driver.held_claim(rid)),
                 file_hooks=spec.file_hooks,
             )
-
-            async def stored() -> list[Event]:
-                return await self.log.snapshot(rid)
-
             return align_to_stored_log(events, stored, out_of_band=is_out_of_band)
 
         driver = sandbox_run_driver(

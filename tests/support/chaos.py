@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from boxwright.events import Event, decode_event, encode_event
-from boxwright.journal import journal_paths
+from boxwright.journal import journal_files_path, journal_paths
 from boxwright.stores.sqlite import open_database, sqlite_run_backend
 from tests.fixtures import DEFAULT_CLAUDE_BIN
 from tests.fixtures.fake_model import FakeModelServer
@@ -272,7 +272,7 @@ def stored(db: Path, run_id: str) -> Stored:
 
 def journal_exists(run_id: str) -> bool:
     paths = journal_paths(run_id)
-    return os.path.exists(paths.journal) or os.path.exists(paths.stderr)
+    return any(os.path.exists(p) for p in (paths.journal, paths.stderr, journal_files_path(paths)))
 
 
 # -- comparing two runs' events ---------------------------------------------------------------------
@@ -314,6 +314,68 @@ def project(events: list[Event], run_id: str, thread_id: str, base_dir: str) -> 
         return value
 
     return [clean(json.loads(encode_event(event))) for event in events]
+
+
+def _is_file_event(event: Any) -> bool:
+    return isinstance(event, dict) and event.get("type") == "CUSTOM" and event.get("name") == "sandbox.file"
+
+
+def compare_runs(got: list[Any], want: list[Any]) -> str | None:
+    """Where projected run ``got`` breaks the rule every correct run satisfies against reference ``want``;
+    ``None`` if it keeps it.
+
+    Every event but the ``sandbox.file`` ones: exactly the reference's, in its order, with its values.
+    The ``sandbox.file`` events: for each path exactly the reference's events (with their values), in the
+    same order; each one after the TOOL_CALL_END of the call that wrote it (in the reference: the last
+    call started before it) and before the diff (``file.changed``) and the terminal event.
+
+    Why not one exact position: a file event is seen by a watcher racing the agent, so where it lands
+    among the agent's events is timing, not meaning. A driver killed between a write and its event, or
+    one dead while the agent wrote, leaves the event to its successor, which can report it only once it
+    has replayed the call that made it: later than an uninterrupted run would, never earlier than the
+    call, never missing, never twice.
+    """
+    rest_got = [e for e in got if not _is_file_event(e)]
+    rest_want = [e for e in want if not _is_file_event(e)]
+    if rest_got != rest_want:
+        return "the events other than sandbox.file: " + first_difference(rest_got, rest_want)
+
+    def per_path(events: list[Any]) -> dict[str, list[Any]]:
+        paths: dict[str, list[Any]] = {}
+        for event in events:
+            if _is_file_event(event):
+                paths.setdefault(str(event["value"].get("path")), []).append(event)
+        return paths
+
+    if per_path(got) != per_path(want):
+        return f"sandbox.file events by path: got {per_path(got)}, want {per_path(want)}"
+    writer: dict[tuple[str, int], str | None] = {}  # (path, n-th event of it) -> the call that wrote it
+    started: str | None = None
+    counts: dict[str, int] = {}
+    for event in want:
+        if event.get("type") == "TOOL_CALL_START":
+            started = event.get("toolCallId")
+        elif _is_file_event(event):
+            path = str(event["value"].get("path"))
+            writer[(path, counts.get(path, 0))] = started
+            counts[path] = counts.get(path, 0) + 1
+    ended: set[str] = set()
+    finished = False
+    counts = {}
+    for i, event in enumerate(got):
+        if event.get("type") == "TOOL_CALL_END":
+            ended.add(str(event.get("toolCallId")))
+        elif event.get("type") in ("RUN_FINISHED", "RUN_ERROR") or event.get("name") == "file.changed":
+            finished = True
+        elif _is_file_event(event):
+            path = str(event["value"].get("path"))
+            call = writer[(path, counts.get(path, 0))]
+            counts[path] = counts.get(path, 0) + 1
+            if call is not None and call not in ended:
+                return f"event {i}: {json.dumps(event)} before the end of its tool call {call}"
+            if finished:
+                return f"event {i}: {json.dumps(event)} after the run's diff or end"
+    return None
 
 
 def first_difference(got: list[Any], want: list[Any]) -> str:
