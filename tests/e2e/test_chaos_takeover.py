@@ -77,11 +77,20 @@ SETTLE_S = 3.0
 
 
 def _script() -> list[Step]:
-    # Files, so the watcher's CUSTOM file events are part of what must arrive exactly once. The sleep
-    # keeps the file event (the watcher reports ~0.2 s after the write) ahead of the tool's result in
-    # every run, loaded or not: the reference order must not be a race.
+    # Files, so the watcher's CUSTOM file events are part of what must arrive exactly once. Each file
+    # appears whole, by a rename from an ignored directory: `echo > f` is two states (created empty,
+    # then written), and a watcher on a loaded machine may truly see both, so no run could promise
+    # one event for it. The sleep keeps the file event (the watcher reports ~0.2 s after the write)
+    # ahead of the tool's result in an uninterrupted run, loaded or not.
     calls: list[Step] = [
-        ToolCall("Bash", {"command": f"echo step {i} > step{i}.txt; sleep 1", "description": f"step {i}"})
+        ToolCall(
+            "Bash",
+            {
+                "command": f"mkdir -p node_modules && echo step {i} > node_modules/s{i} && "
+                f"mv node_modules/s{i} step{i}.txt; sleep 1",
+                "description": f"step {i}",
+            },
+        )
         for i in range(STEPS)
     ]
     return [*calls, Text("All steps done.")]
