@@ -312,7 +312,9 @@ def _offset_from_message(message: Mapping[str, Any]) -> str | None:
         try:
             value = decode_json(text).get("offset")
         except JsonBoundsError as exc:
-            raise DeliveryRefusal(400, 1007, f"the first message is not JSON a tail accepts: {exc}", "invalid_json") from None
+            raise DeliveryRefusal(
+                400, 1007, f"the first message is not JSON a tail accepts: {exc}", "invalid_json"
+            ) from None
         except (msgspec.DecodeError, AttributeError):
             return text  # refused by the offset check, which names it
         return value if isinstance(value, str) else text

@@ -210,10 +210,12 @@ def test_middleware_puts_the_service_on_request_state(tmp_path: Path) -> None:
 def test_a_client_that_disconnects_never_stops_the_run(tmp_path: Path) -> None:
     async def main() -> None:
         async with running_stack(tmp_path) as stack:
-            run_id = await stack.start(agent_script(6, 0.08))
+            run_id = await stack.start(agent_script(6, 0.3))
             # Several clients come and go mid-run: SSE, long-poll, one after another.
             for _ in range(3):
                 await read_sse(stack.client, f"/runs/{run_id}/events", stop=lambda seen: len(seen) >= 2)
+            # Right after an event the next is 0.3 s away: a poll that gives up after 50 ms leaves mid-wait.
+            await stack.client.get(f"/runs/{run_id}/poll?offset=now&wait=20000")
             with pytest.raises(httpx.ReadTimeout):
                 await stack.client.get(f"/runs/{run_id}/poll?offset=now&wait=20000", timeout=0.05)
             await stack.wait_reads_closed()
