@@ -271,7 +271,9 @@ def test_commands_equal_their_templates() -> None:
     assert journal_list_command() == f"ls -1 {d} 2>/dev/null"
     assert journal_mtime_list_command("/x y/") == "stat -c '%Y %n' '/x y' '/x y'/* 2>/dev/null"
     hostile = journal_paths("a", "/tmp/it's dir")
-    assert journal_cleanup_command(hostile) == "rm -f '/tmp/it'\"'\"'s dir/a.ndjson' '/tmp/it'\"'\"'s dir/a.err'"
+    assert journal_cleanup_command(hostile) == (
+        "rm -f '/tmp/it'\"'\"'s dir/a.ndjson' '/tmp/it'\"'\"'s dir/a.err' '/tmp/it'\"'\"'s dir/a.files'"
+    )
 
 
 def test_command_bounds_are_checked() -> None:
