@@ -428,6 +428,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tools=None,
         thread=f"demo-{uuid.uuid4().hex[:8]}",
         db=args.db,
+        image=None,
     )
     return cmd_run(run_args)
 
