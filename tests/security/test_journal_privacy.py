@@ -62,7 +62,7 @@ def _journal_files(state_root: Path) -> list[Path]:
 
 async def _until_files(state_root: Path, timeout: float = 20) -> list[Path]:
     deadline = asyncio.get_running_loop().time() + timeout
-    while len(files := _journal_files(state_root)) < 2:
+    while len(files := _journal_files(state_root)) < 3:
         assert asyncio.get_running_loop().time() < deadline, f"no journal appeared under {state_root}"
         await asyncio.sleep(0.05)
     return files
@@ -72,13 +72,14 @@ def _assert_private(state_root: Path, files: list[Path]) -> None:
     journals = files[0].parent
     for directory in (state_root, journals.parent, journals):
         assert _mode(directory) == 0o700, (directory, oct(_mode(directory)))
-    assert [f.suffix for f in files] == [".err", ".ndjson"]
+    # The stderr sidecar, the pre-run workspace listing (for a successor's file events), the journal.
+    assert [f.suffix for f in files] == [".err", ".files", ".ndjson"]
     for file in files:
         assert _mode(file) == 0o600, (file, oct(_mode(file)))
-    assert SECRET_LINE in files[1].read_text(), "the journal holds the agent's raw output"
+    assert SECRET_LINE in files[2].read_text(), "the journal holds the agent's raw output"
     if os.geteuid() == 0:
         # Mode bits are the claim; another uid actually failing to read is the point of them.
-        for command in (["cat", str(files[1])], ["ls", str(journals)], ["ls", str(state_root)]):
+        for command in (["cat", str(files[2])], ["ls", str(journals)], ["ls", str(state_root)]):
             denied = subprocess.run(command, user=NOBODY, capture_output=True, text=True, timeout=10)
             assert denied.returncode != 0 and SECRET_LINE not in denied.stdout, command
 
