@@ -77,7 +77,7 @@ from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
 from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
 from .tool_bridge.tools import Tool, as_tools
-from .watcher import FileEvent, WorkspaceWatcher, file_event_chunk
+from .watcher import FileEvent, WorkspaceWatcher, file_event_chunk, parse_listing
 
 log = logging.getLogger("boxwright.agent")
 
@@ -462,7 +462,14 @@ async def _drive(
         attaching = journal is not None and journal.attach
         if sandbox.file_events:
             on_file = _calling_hooks(run.on_file, hooks) if hooks.active else run.on_file
-            watcher = await WorkspaceWatcher(handle, on_file, root=hctx.cwd, hold=attaching).start()
+            watcher = WorkspaceWatcher(handle, on_file, root=hctx.cwd, hold=attaching)
+            listing = None
+            if journal is not None and not attaching:
+                # Before the agent starts, so any successor finds it (see _resume_file_events).
+                listing = await _store_listing(
+                    handle, journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle)), watcher, hctx.cwd
+                )
+            await watcher.start(listing)
         translator = harness.translator(hctx)
         # A protocol agent (ACP) is answered on its stdin while it runs: see harnesses/interactive.py.
         interactive = isinstance(translator, Interactive)
@@ -474,9 +481,6 @@ async def _drive(
         if journal is not None:
             paths = journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle))
             caught_up: tuple[int, Callable[[], None]] | None = None
-            if watcher is not None and not journal.attach:
-                # Before the agent starts, so any successor finds it (see _resume_file_events).
-                await _write_files(handle, {journal_files_path(paths): _encode_listing(watcher.baseline)}, hctx.cwd)
             if not journal.attach:
                 # No signal: a dropped request must not kill a durable agent; a cancel destroys the sandbox.
                 await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)
@@ -563,8 +567,22 @@ async def _drive(
         await teardown()
 
 
-def _encode_listing(listing: Mapping[str, str]) -> str:
-    return msgspec.json.encode(dict(listing)).decode()
+async def _store_listing(handle: SandboxHandle, paths: JournalPaths, watcher: WorkspaceWatcher, cwd: str) -> str | None:
+    """The watcher's start listing, taken by the sandbox into a private file beside the journal and
+    returned (written there, not sent: a large workspace's listing is no argument or env value).
+    ``None`` if that failed: the run goes on, a successor then reports less (see _resume_file_events)."""
+    files = quote(journal_files_path(paths))
+    listing = f"{{ {watcher.listing_command}; true; }}"
+    command = f"umask 077 && mkdir -p {quote(paths.dir)} && {listing} > {files} && cat {files}"
+    try:
+        result = await handle.process.exec(command, ProcessOptions(cwd=cwd))
+    except Exception as exc:
+        log.warning("%s: could not store the workspace listing: %r", files, exc)
+        return None
+    if result.exit_code != 0:
+        log.warning("%s: could not store the workspace listing: %s", files, result.stderr.strip())
+        return None
+    return result.stdout
 
 
 async def _resume_file_events(
@@ -584,8 +602,9 @@ async def _resume_file_events(
     inside its prefix.
     """
     split = "boxwright-files"
+    files = quote(journal_files_path(paths))
     command = (
-        f"cat {quote(journal_files_path(paths))} 2>/dev/null; printf '\\0{split}\\0\\n'; "
+        f"if [ -f {files} ]; then printf y; cat {files}; fi; printf '\\0{split}\\0\\n'; "
         f"wc -c < {quote(paths.journal)} 2>/dev/null || echo 0"
     )
     baseline: dict[str, str] | None = None
@@ -595,8 +614,8 @@ async def _resume_file_events(
         stored, found, rest = output.partition(f"\0{split}\0\n")
         if found:
             size = int(rest.strip() or 0)
-            if stored.strip():
-                baseline = msgspec.json.decode(stored, type=dict[str, str])
+            if stored.startswith("y"):
+                baseline = parse_listing(stored[1:])
     except Exception as exc:  # no listing: the gap before this watcher cannot be reported, the rest can
         log.warning("%s: the workspace listing from before the run is unreadable: %r", paths.journal, exc)
     if baseline is None:

@@ -143,8 +143,10 @@ class WorkspaceWatcher:
         """The listing taken at ``start`` (``path -> "mtime size"``), before anything was watched."""
         return dict(self._start)
 
-    async def start(self) -> WorkspaceWatcher:
-        self._state = await self._list()
+    async def start(self, listing: str | None = None) -> WorkspaceWatcher:
+        """Take the start listing (or parse ``listing``, an output of ``listing_command`` taken just
+        now at the root) and start watching."""
+        self._state = parse_listing(listing) if listing is not None else await self._list()
         self._start = dict(self._state)
         self._task = asyncio.ensure_future(self._watch() if self._native is not None else self._poll_loop())
         if self._native is not None:
