@@ -674,7 +674,9 @@ class DockerHandle:
     async def _commit(self, repository: str, tag: str) -> None:
         api = self.api
         try:
-            await api.call(api.api.commit, self.id, repository=repository, tag=tag, pause=True)
+            # No pause: the cgroup freezer left a container paused for good here once (unpause hung), and
+            # a commit after setup has nothing running to catch mid-write.
+            await api.call(api.api.commit, self.id, repository=repository, tag=tag, pause=False)
         except (api.errors.NotFound, api.errors.APIError) as exc:
             raise self._gone(exc) from exc
 
