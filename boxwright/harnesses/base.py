@@ -12,6 +12,7 @@ A harness does two pure things, so each can be tested without a sandbox:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -264,3 +265,26 @@ def executable_not_found_hint(executable: str, ctx: HarnessContext, install: str
 
 def csv(values: Iterable[str]) -> str:
     return ",".join(dict.fromkeys(v for v in values if v))
+
+
+# -- reading an agent's JSON lines: one home for the small coercions every translator needs ---------
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one: a translator reads fields, never raises."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_str(value: Any) -> str | None:
+    """A non-empty string, else None."""
+    return value if isinstance(value, str) and value else None
+
+
+def as_count(value: Any) -> int | None:
+    """A non-negative integer (token counts and the like; a bool is not one), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def compact_json(value: Any) -> str:
+    """One line of JSON, non-ASCII kept: tool arguments and results as an agent sent them."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

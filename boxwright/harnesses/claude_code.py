@@ -61,6 +61,10 @@ from .base import (
     executable_argv,
     executable_not_found_hint,
 )
+from .base import as_count as _count
+from .base import as_dict as _dict
+from .base import as_str as _str
+from .base import compact_json as _compact
 
 NAME = "claude-code"
 LOCAL_PROCESS = "local-process"
@@ -77,10 +81,6 @@ STDERR_TAIL_CHARS = 1000
 SCHEMA_INSTRUCTION = "Respond with a single JSON object (no prose, no code fence) that matches this JSON Schema:"
 
 SystemPromptMode = Literal["append", "replace"]
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _host_is_root() -> bool:
@@ -319,20 +319,8 @@ class _Block:
     parts: list[str] = field(default_factory=list)
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

@@ -62,6 +62,10 @@ from ..events import (
 )
 from ..policy import codex_permissions
 from .base import HarnessContext, HarnessPlan, RunFrame, ToolCallLedger, executable_argv, executable_not_found_hint
+from .base import as_count as _count
+from .base import as_dict as _dict
+from .base import as_str as _str
+from .base import compact_json as _compact
 
 NAME = "codex"
 LOCAL_PROCESS = "local-process"
@@ -236,22 +240,6 @@ def codex(
 
 
 # -- translation -----------------------------------------------------------------------------------
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 class CodexTranslator:

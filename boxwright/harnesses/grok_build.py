@@ -20,7 +20,6 @@ token nor our table outlive the run in the workspace (S5). A kill mid-run skips 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +47,9 @@ from ..events import (
 )
 from ..policy import grok_permissions
 from .base import HarnessContext, HarnessPlan, RunFrame, ToolCallLedger, executable_argv, executable_not_found_hint
+from .base import as_count as _count
+from .base import as_dict as _dict
+from .base import compact_json as _compact
 
 NAME = "grok-build"
 SESSION_ID_EVENT = "grok-build.session-id"
@@ -56,10 +58,6 @@ MODEL_ALIASES = {"grok-build": "grok-build-0.1"}
 CONFIG = ".grok/config.toml"
 STDERR_TAIL_CHARS = 1000
 _TOOL_ITEMS = ("command_execution", "mcp_tool_call", "file_change", "web_search")
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _toml_string(value: str) -> str:
@@ -166,20 +164,12 @@ def grok_build(
 # -- translation -----------------------------------------------------------------------------------
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _text(data: dict[str, Any]) -> str | None:
     for key in ("content", "text", "delta"):
         value = data.get(key)
         if isinstance(value, str):
             return value
     return None
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class GrokBuildTranslator:
