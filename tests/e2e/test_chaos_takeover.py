@@ -294,6 +294,11 @@ def _play(chaos: Chaos, r: Round) -> None:
             app.stop()
 
 
+# The module fixture plays every round (four at a time) before the first round's test reports, so
+# the per-test default (300 s) would bound all 17 rounds together; each round has its own waits.
+pytestmark = pytest.mark.timeout(900)
+
+
 @pytest.fixture(scope="module")
 def claude() -> str:
     found = find_claude()
