@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import ag_ui.core as agui
 import pytest
-from pydantic import TypeAdapter
 
 from boxwright.events import (
     CustomEvent,
@@ -28,61 +26,24 @@ from boxwright.events import (
     ToolCallResultEvent,
     ToolCallStartEvent,
     chunk_fingerprint,
-    create_run_scoped_id_gen,
     encode_event,
 )
 from boxwright.harnesses import claude_code as cc
 from boxwright.harnesses.base import INTERRUPTED, BridgeConfig, HarnessContext, LineSplitter
 from boxwright.harnesses.claude_code import ClaudeCodeHarness, claude_code
 from boxwright.policy import define_sandbox_policy
-from boxwright.sandbox import Capabilities
 from tests.fixtures import CLAUDE_RECORDINGS, claude_env, find_claude
+from tests.support.harness_replay import OFFICIAL_EVENT, REASONING5, TERMINAL, TEXT3, TOOL_QUAD, caps
+from tests.support.harness_replay import make_ctx as replay_ctx
 from tests.support.require import missing
 
-OFFICIAL_EVENT: TypeAdapter[Any] = TypeAdapter(agui.Event)
 SESSION = "00000000-0000-4000-8000-000000000001"
 MODEL = "claude-sonnet-4-5"
-TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
-TOOL_QUAD = ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
-TEXT3 = ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"]
-REASONING5 = [
-    "REASONING_START",
-    "REASONING_MESSAGE_START",
-    "REASONING_MESSAGE_CONTENT",
-    "REASONING_MESSAGE_END",
-    "REASONING_END",
-]
-
-
-def caps(writable_stdin: bool = True) -> Capabilities:
-    return Capabilities(
-        fs=True,
-        exec=True,
-        env=True,
-        ports=True,
-        background_processes=True,
-        writable_stdin=writable_stdin,
-        killable_processes=True,
-        snapshots=False,
-        network_policy=False,
-        durable_filesystem=True,
-        fork=False,
-    )
 
 
 def make_ctx(**overrides: Any) -> HarnessContext:
-    fields: dict[str, Any] = {
-        "run_id": "r7",
-        "thread_id": "t1",
-        "prompt": "hello",
-        "system_prompt": None,
-        "capabilities": caps(),
-        "provider": "docker",
-        "file_suffix": "r7",
-    }
-    fields.update(overrides)
-    fields.setdefault("gen_id", create_run_scoped_id_gen(fields["run_id"]))
-    return HarnessContext(**fields)
+    # The Claude Code cases plan for a container by default (where the CLI runs as non-root).
+    return replay_ctx(**{"provider": "docker", **overrides})
 
 
 def recording(name: str) -> list[str]:
