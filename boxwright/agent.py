@@ -232,11 +232,15 @@ async def run_agent(
     durability: RunDurability | None = None,
     file_hooks: Sequence[RunFileHooks] = (),
     mode: Literal["host-driven", "colocated"] = "host-driven",
+    runner_secret: str | None = None,
 ) -> AsyncIterator[Event]:
     """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events.
 
     ``mode="colocated"`` (Docker): the in-container runner drives the harness next to the
-    bridge and only tool execution crosses back (``boxwright.colocated``).
+    bridge and only tool execution crosses back (``boxwright.colocated``). There ``journal``
+    is the runner's own NDJSON (``journal.attach`` re-attaches to it), and ``runner_secret``
+    (default ``$BOXWRIGHT_RUNNER_SECRET``; a durable run needs one) is what every host entitled
+    to the run derives the runner's token from.
 
     ``journal`` makes the agent outlive this process; ``durability`` (the run record) decides
     what a dropped consumer means: detach (keep the sandbox) unless a cancel is recorded.
@@ -311,6 +315,10 @@ async def run_agent(
                     scrub=scrub,
                     signal=signal,
                     cwd=cwd,
+                    durable=journal is not None,
+                    attach=journal is not None and journal.attach,
+                    runner_secret=runner_secret,
+                    owns=lambda: not _superseded(durability),
                 )
                 if mode == "colocated"
                 else _drive(

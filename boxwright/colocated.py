@@ -5,26 +5,51 @@ the harness's credentials in that exec's env only), waits for ``/health``, serve
 host tools on a tool-exec endpoint the container reaches (``host.docker.internal``), POSTs
 the run and yields the runner's AG-UI events as they arrive. ``run_agent(mode="colocated")``
 calls it in place of the host-driven drive, so the events land in the same durable log.
+
+A durable run outlives its host: the runner's run is a task of the runner, not of the host's
+connection, and a tool call made while no host answers is held for a successor
+(``runner.tool_exec``). With ``attach=True`` (a takeover) nothing is started: the successor
+re-points the run's tool-exec URL and run token to its own endpoint (``POST /runs/{id}/attach``)
+and re-reads the runner's NDJSON from byte 0; the takeover's ``align_to_stored_log`` drops what
+the durable log already holds (the same bytes, so the same fingerprints) and forwards the rest.
+A drive that stops without the run's end (a detach, a lost claim) leaves the runner running; the
+host that reads the end shuts the runner down (``POST /shutdown``).
+
+The runner token is derived, never stored: ``runner_token(secret, sandbox id)`` is an HMAC-SHA256
+of the sandbox (container) id under a secret every host entitled to the run shares
+(``runner_secret=`` or ``$BOXWRIGHT_RUNNER_SECRET``). Why not read it back from the container's
+env through the Docker API: the token is set in the runner's exec env, never in the container's
+config (which ``docker inspect`` and every committed snapshot would show), so getting it back means
+exec'ing into the box to read ``/proc/<pid>/environ`` of a process the box itself may have
+replaced, on Docker only. The HMAC needs nothing from the sandbox but its id, which the run
+record's sandbox key already leads to; it works for any provider with an address; and it differs
+per container, so a box that learns its own token learns no other's. A run that is not durable
+needs no successor and gets a random token when no secret is configured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
+import os
 import secrets
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import msgspec
 
-from .abort import AbortSignal
+from .abort import AbortController, AbortSignal
+from .definition import CANCEL_REASON
 from .errors import UnsupportedCapabilityError
 from .events import Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, decode_event
 from .harnesses.base import Message
 from .runner.protocol import RUNNER_TOKEN_ENV, ContainerRunRequest, RunnerWorkspace
-from .sandbox import ProcessOptions, SandboxHandle
+from .runner.tool_exec import DEFAULT_HOLD
+from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .scrub import EventScrubber
 from .tool_bridge.asgi import bind_address_for, host_for_sandbox, serve_asgi
 from .tool_bridge.remote import ToolExecRun, tool_descriptors, tool_exec_app, tool_exec_path
@@ -34,6 +59,9 @@ RUNNER_PORT = 8080
 HEALTH_PROBES = 20
 HEALTH_EVERY = 0.25
 _DETAIL = 200
+RUNNER_SECRET_ENV = "BOXWRIGHT_RUNNER_SECRET"
+# In the box, not /workspace: the run's file events and diff must not see it.
+RUNNER_LOG = "/tmp/boxwright-runner.log"
 # Env the harness needs from the host: credentials and the model endpoint (never other host env).
 _HARNESS_ENV_PREFIXES = ("ANTHROPIC_", "CLAUDE_")
 
@@ -42,7 +70,7 @@ class ColocatedRunError(RuntimeError):
     code = "colocated_runner_failed"
 
 
-async def _healthy(client: httpx.AsyncClient, base: str) -> None:
+async def _healthy(client: httpx.AsyncClient, base: str, handle: SandboxHandle) -> None:
     last = "no probe answered"
     for _ in range(HEALTH_PROBES):
         try:
@@ -53,7 +81,61 @@ async def _healthy(client: httpx.AsyncClient, base: str) -> None:
         except httpx.HTTPError as exc:
             last = f"{type(exc).__name__}: {exc}"[:_DETAIL]
         await asyncio.sleep(HEALTH_EVERY)
-    raise ColocatedRunError(f"in-container runner did not become healthy in time: {last}")
+    said = ""
+    with contextlib.suppress(Exception):
+        said = (await handle.process.exec(f"tail -c 300 {RUNNER_LOG}")).stdout.strip()
+    raise ColocatedRunError(
+        f"in-container runner did not become healthy in time: {last}" + (f"; its log ends: {said}" if said else "")
+    )
+
+
+async def _attachable(client: httpx.AsyncClient, base: str) -> None:
+    try:
+        response = await client.get(f"{base}/health", timeout=10.0)
+        health = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as exc:
+        raise ColocatedRunError(
+            f"driver lost; runner cannot re-attach: {type(exc).__name__}: {exc}"[:_DETAIL]
+        ) from None
+    if not isinstance(health, dict) or health.get("attach") is not True:
+        raise ColocatedRunError("driver lost; runner cannot re-attach (its /health does not report attach)")
+
+
+def runner_token(secret: str, sandbox_id: str) -> str:
+    """The runner's bearer token for the sandbox ``sandbox_id``: any host with the shared secret derives it."""
+    return hmac.new(secret.encode(), f"boxwright runner token v1\0{sandbox_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def _token_for(handle: SandboxHandle, runner_secret: str | None, durable: bool) -> str:
+    secret = runner_secret if runner_secret is not None else os.environ.get(RUNNER_SECRET_ENV)
+    if secret:
+        return runner_token(secret, handle.id)
+    if durable:
+        raise ColocatedRunError(
+            "a durable co-located run needs a runner secret that every host which may take it over shares: "
+            f"pass runner_secret= (SandboxService(runner_secret=...)) or set ${RUNNER_SECRET_ENV}"
+        )
+    return secrets.token_urlsafe(32)
+
+
+async def _next_line(lines: AsyncIterator[str], stop: AbortSignal) -> str | None:
+    """The next NDJSON line, or ``None`` at the end of the stream or once ``stop`` aborted (the read is cancelled)."""
+    if stop.aborted:
+        return None
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(None) as scope:
+            remove = stop.add_listener(lambda _reason: scope.reschedule(loop.time()))
+            try:
+                return await anext(lines)
+            finally:
+                remove()
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        if stop.aborted:
+            return None
+        raise
 
 
 async def colocated_drive(
@@ -68,83 +150,134 @@ async def colocated_drive(
     scrub: EventScrubber,
     signal: AbortSignal | None,
     cwd: str = "/workspace",
+    durable: bool = False,
+    attach: bool = False,
+    runner_secret: str | None = None,
+    owns: Callable[[], bool] = lambda: True,
+    hold: float = DEFAULT_HOLD,
 ) -> AsyncGenerator[Event, None]:
+    """The run's events from the runner; ``attach=True`` takes over a run another host started (module doc).
+
+    ``durable``: the run outlives this drive (a detach or a lost claim leaves the runner going, and
+    only an explicit cancel stops it); ``owns()`` says whether this drive still owns the sandbox
+    (a superseded one shuts nothing down); ``hold``: seconds a tool call no host answers is held.
+    """
     address = getattr(handle, "address", None)
     if address is None:
         raise UnsupportedCapabilityError(handle.provider, "colocated", "co-located mode needs the Docker provider")
     host = await address()
-    runner_token = secrets.token_urlsafe(32)
+    runner_token = _token_for(handle, runner_secret, durable)
     exec_token = secrets.token_urlsafe(32)
     scrub.add([runner_token, exec_token])
     env = {k: v for k, v in host_env.items() if k.startswith(_HARNESS_ENV_PREFIXES)}
     env.update(getattr(harness, "env", None) or {})
     scrub.add([v for k, v in env.items() if "KEY" in k or "TOKEN" in k])
-    runner = await handle.process.spawn(
-        f"exec python -m boxwright.runner --host {host} --port {RUNNER_PORT}",
-        ProcessOptions(env={**env, RUNNER_TOKEN_ENV: runner_token}),
-    )
+    base = f"http://{host}:{RUNNER_PORT}"
+    headers = {"Authorization": f"Bearer {runner_token}"}
+    run_path = f"{base}/runs/{quote(run_id, safe='')}"
     exec_server = await serve_asgi(
         tool_exec_app({run_id: ToolExecRun(tools, token=exec_token, thread_id=thread_id, signal=signal)}),
         host=bind_address_for(handle.provider),
     )
-    base = f"http://{host}:{RUNNER_PORT}"
-    headers = {"Authorization": f"Bearer {runner_token}"}
     tool_exec_url = (
         f"http://{host_for_sandbox(handle.provider)}:{exec_server.port}{tool_exec_path(run_id)}"
         f"?threadId={quote(thread_id, safe='')}"
     )
-    request = ContainerRunRequest(
-        run_id=run_id,
-        thread_id=thread_id,
-        messages=tuple(messages),
-        harness="claude-code",
-        model=getattr(harness, "model", None) or "claude-sonnet-4-5",
-        workspace=RunnerWorkspace(path=cwd, secrets=tuple(sorted(env))),
-        tool_descriptors=tuple(tool_descriptors(tools)),
-        tool_exec_url=tool_exec_url,
-        tool_exec_token=exec_token,
-    )
+    runner: SpawnHandle | None = None
+    finished = False
+    # Aborted when this drive stops reading but the run goes on (a durable run's detach or lost claim).
+    stop = AbortController()
     remove_listener = None
     cancels: set[asyncio.Task[None]] = set()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as client:
-        try:
-            await _healthy(client, base)
-            if signal is not None:
-
-                def on_abort(_reason: object) -> None:
-                    cancels.add(asyncio.ensure_future(_cancel(client, base, run_id, headers)))
-
-                remove_listener = signal.add_listener(on_abort)
-            body = msgspec.json.encode(request)
-            async with client.stream("POST", f"{base}/run", content=body, headers=headers) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:_DETAIL]
-                    raise ColocatedRunError(f"container runner failed: {response.status_code} {detail}")
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        event = decode_event(line)
-                    except Exception:
-                        yield RunErrorEvent(
-                            message=f"runner sent unparseable NDJSON: {line[:_DETAIL]}", code="runner_protocol"
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as client:
+            try:
+                if attach:
+                    await _attachable(client, base)
+                    moved = await client.post(
+                        f"{run_path}/attach",
+                        json={"toolExecUrl": tool_exec_url, "toolExecToken": exec_token},
+                        headers=headers,
+                    )
+                    if moved.status_code != 200:
+                        raise ColocatedRunError(
+                            f"driver lost; runner cannot re-attach: {moved.status_code} {moved.text[:_DETAIL]}"
                         )
-                        return
-                    if isinstance(event, RunStartedEvent):
-                        continue  # run_agent already said the run started
-                    yield event
-                    if isinstance(event, (RunFinishedEvent, RunErrorEvent)):
-                        return
-            yield RunErrorEvent(message="the runner's stream ended without a terminal event", code="runner_protocol")
-        finally:
-            if remove_listener is not None:
-                remove_listener()
-            if cancels:
-                await asyncio.wait(cancels, timeout=10.0)  # the runner heard the cancel before it is killed
-            await exec_server.close()
+                    # From byte 0: the takeover's alignment drops what the durable log already holds.
+                    stream = client.stream("GET", f"{run_path}/events?offset=0", headers=headers)
+                else:
+                    runner = await handle.process.spawn(
+                        # Its output goes to a file in the box, not back over this exec: the runner must
+                        # not depend on (or block on) a host that may die mid-run.
+                        f"exec python -m boxwright.runner --host {host} --port {RUNNER_PORT} "
+                        f">{RUNNER_LOG} 2>&1 </dev/null",
+                        ProcessOptions(env={**env, RUNNER_TOKEN_ENV: runner_token}),
+                    )
+                    await _healthy(client, base, handle)
+                    request = ContainerRunRequest(
+                        run_id=run_id,
+                        thread_id=thread_id,
+                        messages=tuple(messages),
+                        harness="claude-code",
+                        model=getattr(harness, "model", None) or "claude-sonnet-4-5",
+                        workspace=RunnerWorkspace(path=cwd, secrets=tuple(sorted(env))),
+                        tool_descriptors=tuple(tool_descriptors(tools)),
+                        tool_exec_url=tool_exec_url,
+                        tool_exec_token=exec_token,
+                        tool_exec_hold_seconds=hold,
+                    )
+                    stream = client.stream("POST", f"{base}/run", content=msgspec.json.encode(request), headers=headers)
+                if signal is not None:
+
+                    def on_abort(reason: object) -> None:
+                        if durable and reason != CANCEL_REASON:
+                            stop.abort(reason)  # the run goes on in the box; a later driver reports its end
+                        else:
+                            cancels.add(asyncio.ensure_future(_cancel(client, run_path, headers)))
+
+                    remove_listener = signal.add_listener(on_abort)
+                async with stream as response:
+                    if response.status_code != 200:
+                        detail = (await response.aread()).decode(errors="replace")[:_DETAIL]
+                        raise ColocatedRunError(f"container runner failed: {response.status_code} {detail}")
+                    lines = response.aiter_lines()
+                    while (line := await _next_line(lines, stop.signal)) is not None:
+                        if not line.strip():
+                            continue
+                        try:
+                            event = decode_event(line)
+                        except Exception:
+                            yield RunErrorEvent(
+                                message=f"runner sent unparseable NDJSON: {line[:_DETAIL]}", code="runner_protocol"
+                            )
+                            return
+                        if isinstance(event, RunStartedEvent):
+                            continue  # run_agent already said the run started
+                        if isinstance(event, (RunFinishedEvent, RunErrorEvent)):
+                            finished = True  # before the yield: the consumer may close us there
+                            yield event
+                            return
+                        yield event
+                if stop.signal.aborted:
+                    return
+                yield RunErrorEvent(
+                    message="the runner's stream ended without a terminal event", code="runner_protocol"
+                )
+            finally:
+                if remove_listener is not None:
+                    remove_listener()
+                if cancels:
+                    await asyncio.wait(cancels, timeout=10.0)  # the runner heard the cancel before it is killed
+                if finished and owns():
+                    # The run's end was read: the runner has nothing left to do, and the port is for the next run.
+                    with contextlib.suppress(httpx.HTTPError):
+                        await client.post(f"{base}/shutdown", headers=headers, timeout=10.0)
+    finally:
+        await exec_server.close()
+        if runner is not None and (finished or not durable):
             await runner.kill()
 
 
-async def _cancel(client: httpx.AsyncClient, base: str, run_id: str, headers: Mapping[str, str]) -> None:
+async def _cancel(client: httpx.AsyncClient, run_path: str, headers: Mapping[str, str]) -> None:
     with contextlib.suppress(httpx.HTTPError):
-        await client.post(f"{base}/runs/{quote(run_id, safe='')}/cancel", headers=dict(headers), timeout=10.0)
+        await client.post(f"{run_path}/cancel", headers=dict(headers), timeout=10.0)

@@ -21,7 +21,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default=os.environ.get("RUNNER_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("RUNNER_PORT", "8080")))
     args = parser.parse_args(argv)
-    uvicorn.run(create_runner_app(), host=args.host, port=args.port, log_level="warning", access_log=False)
+    server: uvicorn.Server | None = None
+
+    def stop() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = create_runner_app(on_shutdown=stop)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
+    server.run()
     return 0
 
 

@@ -39,6 +39,15 @@ class ContainerRunRequest(msgspec.Struct, frozen=True, kw_only=True, rename="cam
     tool_descriptors: tuple[ToolDescriptor, ...]
     tool_exec_url: str
     tool_exec_token: str
+    # How long a tool call no host answers is held for a successor (``runner.tool_exec``), in seconds.
+    tool_exec_hold_seconds: float = 120.0
+
+
+class RunnerAttachRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """``POST /runs/{id}/attach``: the successor host's tool-exec URL and run token, for the run's calls from now on."""
+
+    tool_exec_url: str
+    tool_exec_token: str
 
 
 class RunnerRequestError(ValueError):
@@ -65,6 +74,8 @@ def parse_container_run_request(body: bytes) -> ContainerRunRequest:
         raise RunnerRequestError("invalid run request: `messages` must not be empty")
     if not request.tool_exec_url.startswith(("http://", "https://")):
         raise RunnerRequestError("invalid run request: `toolExecUrl` must be an http(s) URL")
+    if not 0 < request.tool_exec_hold_seconds <= 3600:
+        raise RunnerRequestError("invalid run request: `toolExecHoldSeconds` must be in (0, 3600]")
     for name in request.workspace.secrets:
         if not _ENV_NAME.match(name):
             # Never echo it: a value pasted where a name belongs is a secret.
@@ -72,4 +83,18 @@ def parse_container_run_request(body: bytes) -> ContainerRunRequest:
                 "invalid run request: `workspace.secrets` holds names of env values only "
                 "(A-Z, 0-9, _), and one entry is not such a name"
             )
+    return request
+
+
+def parse_runner_attach_request(body: bytes) -> RunnerAttachRequest:
+    try:
+        request = msgspec.json.decode(body, type=RunnerAttachRequest)
+    except msgspec.ValidationError as exc:
+        raise RunnerRequestError(f"invalid attach request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RunnerRequestError(f"attach request body is not JSON: {exc}") from None
+    if not request.tool_exec_url.startswith(("http://", "https://")):
+        raise RunnerRequestError("invalid attach request: `toolExecUrl` must be an http(s) URL")
+    if not request.tool_exec_token.strip():
+        raise RunnerRequestError("invalid attach request: `toolExecToken` must not be empty")
     return request

@@ -3,8 +3,15 @@
 Each run's AG-UI events go to an NDJSON file as they come, and every reader (the ``/run``
 response itself, or ``GET /runs/{id}/events?offset=N`` after a disconnect) reads that file:
 a host that lost the connection re-reads from byte 0 and sees the same bytes. The run is a
-task of the server, not of the request, so a dropped connection does not stop the agent;
-``POST /runs/{id}/cancel`` does.
+task of the server, not of the request, so a dropped connection (or a SIGKILLed host) does not
+stop the agent; ``POST /runs/{id}/cancel`` does.
+
+A successor host takes a run over with ``POST /runs/{id}/attach`` (``{toolExecUrl,
+toolExecToken}``, under the runner token): the run's tool-exec calls go to it from then on
+(``runner.tool_exec``: calls made while no host answered were held for it), and it re-reads the
+NDJSON from byte 0. ``POST /shutdown`` stops the runner once no run is going (the host that read a
+run's end sends it, so the container's port is free for the next run). ``/health`` says
+``attach: true``.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import contextlib
 import hmac
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
@@ -25,7 +32,14 @@ from starlette.routing import Route
 
 from ..abort import AbortController
 from ..events import RunErrorEvent, RunFinishedEvent, encode_event
-from .protocol import RUNNER_TOKEN_ENV, ContainerRunRequest, RunnerRequestError, parse_container_run_request
+from .protocol import (
+    RUNNER_TOKEN_ENV,
+    ContainerRunRequest,
+    RunnerRequestError,
+    parse_container_run_request,
+    parse_runner_attach_request,
+)
+from .tool_exec import ToolExecTarget, held_tool_exec_client
 
 NDJSON = "application/x-ndjson"
 _MAX_BODY = 4 << 20
@@ -41,6 +55,7 @@ def _version() -> str:
 @dataclass(eq=False)
 class _Run:
     path: str
+    target: ToolExecTarget
     controller: AbortController = field(default_factory=AbortController)
     grew: asyncio.Condition = field(default_factory=asyncio.Condition)
     done: bool = False
@@ -70,7 +85,9 @@ async def _execute(request: ContainerRunRequest, run: _Run) -> None:
     for name in ("PATH", "HOME", "LANG"):
         if name in os.environ:
             env.setdefault(name, os.environ[name])
-    executor = http_remote_tool_executor(request.tool_exec_url, request.tool_exec_token)
+    # The URL and token the host posted are only the first target: a successor re-points them.
+    client = held_tool_exec_client(run.target, hold=request.tool_exec_hold_seconds)
+    executor = http_remote_tool_executor(request.tool_exec_url, request.tool_exec_token, client=client)
     sandbox = define_sandbox("runner", local_process_sandbox(request.workspace.path, remove_on_destroy=False))
     harness = claude_code(request.model, env={"HOME": env.get("HOME", "/tmp")})
     with open(run.path, "ab") as out:
@@ -97,7 +114,7 @@ async def _execute(request: ContainerRunRequest, run: _Run) -> None:
             error = RunErrorEvent(message=f"runner failed: {type(exc).__name__}: {exc}"[:500], code="runner_failed")
             out.write(encode_event(error) + b"\n")
         finally:
-            await executor.aclose()
+            await client.aclose()
             run.done = True
             async with run.grew:
                 run.grew.notify_all()
@@ -124,14 +141,17 @@ async def _tail(run: _Run, offset: int) -> AsyncIterator[bytes]:
                     await asyncio.wait_for(run.grew.wait(), 1.0)
 
 
-def create_runner_app(token: str | None = None, directory: str | None = None) -> Starlette:
+def create_runner_app(
+    token: str | None = None, directory: str | None = None, *, on_shutdown: Callable[[], None] | None = None
+) -> Starlette:
+    """The runner's app; ``on_shutdown`` is called by ``POST /shutdown`` (``__main__`` stops uvicorn with it)."""
     token = token if token is not None else os.environ.get(RUNNER_TOKEN_ENV, "")
     if not token:
         raise SystemExit(f"the runner needs its bearer token in ${RUNNER_TOKEN_ENV} (set by the host, never sent)")
     state = RunnerState(token, directory or tempfile.mkdtemp(prefix="boxwright-runner-"))
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"ok": True, "attach": False, "version": _version()})
+        return JSONResponse({"ok": True, "attach": True, "version": _version()})
 
     async def start(request: Request) -> Response:
         if not state.authorized(request):
@@ -153,7 +173,10 @@ def create_runner_app(token: str | None = None, directory: str | None = None) ->
         if run is None:
             from ..journal import encode_run_id
 
-            run = _Run(path=os.path.join(state.directory, f"{encode_run_id(parsed.run_id)}.ndjson"))
+            run = _Run(
+                path=os.path.join(state.directory, f"{encode_run_id(parsed.run_id)}.ndjson"),
+                target=ToolExecTarget(parsed.tool_exec_url, parsed.tool_exec_token),
+            )
             open(run.path, "wb").close()
             state.runs[parsed.run_id] = run
             run.task = asyncio.ensure_future(_execute(parsed, run))
@@ -182,6 +205,35 @@ def create_runner_app(token: str | None = None, directory: str | None = None) ->
         run.controller.abort(CANCEL_REASON)
         return Response(status_code=202)
 
+    async def attach(request: Request) -> Response:
+        if not state.authorized(request):
+            return PlainTextResponse("missing or wrong runner token", status_code=401)
+        run = state.runs.get(request.path_params["run_id"])
+        if run is None:
+            return PlainTextResponse("unknown run", status_code=404)
+        body = await request.body()
+        if len(body) > _MAX_BODY:
+            return PlainTextResponse("attach request body too large", status_code=413)
+        try:
+            parsed = parse_runner_attach_request(body)
+        except RunnerRequestError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        # A run that ended meanwhile is attached too: its successor still reads its end from the NDJSON.
+        run.target.repoint(parsed.tool_exec_url, parsed.tool_exec_token)
+        size = os.path.getsize(run.path)
+        return JSONResponse({"runId": request.path_params["run_id"], "done": run.done, "size": size})
+
+    async def shutdown(request: Request) -> Response:
+        if not state.authorized(request):
+            return PlainTextResponse("missing or wrong runner token", status_code=401)
+        going = [run_id for run_id, run in state.runs.items() if not run.done]
+        if going:
+            return PlainTextResponse(f"runs still going: {', '.join(going)[:200]}", status_code=409)
+        if on_shutdown is not None:
+            # After this response is sent: uvicorn finishes in-flight responses before it exits.
+            asyncio.get_running_loop().call_soon(on_shutdown)
+        return Response(status_code=202)
+
     async def not_found(request: Request) -> Response:
         return PlainTextResponse("not found", status_code=404)
 
@@ -190,6 +242,8 @@ def create_runner_app(token: str | None = None, directory: str | None = None) ->
         Route("/run", start, methods=["POST"]),
         Route("/runs/{run_id}/events", events, methods=["GET"]),
         Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+        Route("/runs/{run_id}/attach", attach, methods=["POST"]),
+        Route("/shutdown", shutdown, methods=["POST"]),
     ]
     app = Starlette(routes=routes)
     app.add_exception_handler(404, lambda r, e: not_found(r))
