@@ -470,9 +470,36 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return asyncio.run(_gc(args))
 
 
+def _serve_coordinator(args: argparse.Namespace) -> int:
+    from .coordinator.config import CoordinatorConfig, StoreUrlError
+    from .coordinator.serve import ConfigLoadError, load_config, serve_coordinator, with_overrides
+    from .definition import define_sandbox
+
+    try:
+        if args.config:
+            config = load_config(args.config)
+        else:
+            harnesses = {spec: _harness(spec, args.model) for spec in args.harness or ["claude-code"]}
+            sandbox = define_sandbox("coordinator", _provider(args.provider, args.image))
+            config = CoordinatorConfig(sandboxes={args.provider: sandbox}, harnesses=harnesses)
+        store = args.store or (f"sqlite://{os.path.abspath(args.db)}" if args.db else None)
+        config = with_overrides(
+            config,
+            store_url=store,
+            public_origin=args.public_origin,
+            allow_anonymous=True if args.allow_anonymous else None,
+            lease_ttl_ms=args.lease_ms,
+            inactivity_timeout=args.inactivity_timeout,
+        )
+        serve_coordinator(config, args.host, args.port)
+    except (ConfigLoadError, StoreUrlError, ValueError) as exc:
+        _usage_error(f"boxwright serve: {exc}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if not args.streams:
-        _usage_error("boxwright serve: only --streams (the Durable Streams server) is available so far")
+        return _serve_coordinator(args)
     from boxwright.streams.app import StreamsLimits
     from boxwright.streams.serve import serve_streams
 
@@ -482,8 +509,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="serve boxwright over HTTP (--streams: the Durable Streams protocol)")
+    serve = sub.add_parser(
+        "serve", help="serve the coordinator over HTTP (--streams: a bare Durable Streams server instead)"
+    )
     serve.add_argument("--streams", action="store_true", help="any path is a Durable Streams stream (SQLite)")
+    serve.add_argument(
+        "--store",
+        default=None,
+        help="sqlite:///ABS/PATH or redis://HOST[:PORT] (default: $BOXWRIGHT_STORE, embedded SQLite)",
+    )
+    serve.add_argument("--config", default=None, metavar="MODULE:ATTR", help="a CoordinatorConfig (or a function)")
+    serve.add_argument("--provider", default="local", help="without --config: local (default), bubblewrap or docker")
+    serve.add_argument("--image", default=None, help="without --config: the Docker image (--provider docker)")
+    serve.add_argument("--harness", action="append", help="without --config: a harness (repeatable; claude-code)")
+    serve.add_argument("--model", default=None, help="without --config: the harnesses' model")
+    serve.add_argument("--public-origin", default=None, help="where sandboxes call back (or $BOXWRIGHT_PUBLIC_ORIGIN)")
+    serve.add_argument("--allow-anonymous", action="store_true", help="no client auth (development only)")
+    serve.add_argument("--lease-ms", type=int, default=None, help="a dead replica's runs are adopted after this")
+    serve.add_argument("--inactivity-timeout", type=float, default=None, metavar="SECONDS", help="0: no watchdog")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=4437, help="port (default 4437)")
     serve.add_argument("--db", default=None, help="SQLite file (default: $BOXWRIGHT_DB or ./.boxwright/boxwright.db)")
@@ -505,23 +548,27 @@ def cmd_runner(args: argparse.Namespace) -> int:
 def cmd_reap(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .docker_reap import reap_docker
+    from .docker_reap import sweep_docker
     from .errors import ProviderUnavailableError
 
     try:
-        found = asyncio.run(reap_docker(dry_run=not args.yes))
+        found = asyncio.run(sweep_docker(dry_run=not args.yes))
     except ProviderUnavailableError as exc:
         _usage_error(str(exc))
     if args.json:
         sys.stdout.buffer.write(msgspec.json.encode(found) + b"\n")
     else:
         verb = "removed" if args.yes else "would remove (pass --yes)"
-        for c in found:
+        for c in found.containers:
             state = f"error: {c.error}" if c.error else verb
-            print(f"{c.id[:12]}  {c.reason:13s}  run={c.run or '-'}  owner={c.owner or '-'}  {state}")
-        if not found:
-            print("no boxwright container to reap")
-    return 1 if any(c.error for c in found) else 0
+            print(f"container {c.id[:12]}  {c.reason:13s}  run={c.run or '-'}  owner={c.owner or '-'}  {state}")
+        for i in found.images:
+            state = f"error: {i.error}" if i.error else verb
+            name = ",".join(i.tags) or i.id.removeprefix("sha256:")[:12]
+            print(f"image {name}  {i.reason:13s}  sandbox={i.sandbox or '-'}  {state}")
+        if not found.containers and not found.images:
+            print("no boxwright container or image to reap")
+    return 1 if any(c.error for c in [*found.containers, *found.images]) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -580,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     runner.add_argument("runner_args", nargs=argparse.REMAINDER, help="--host H --port P")
     runner.set_defaults(func=lambda a: __import__("boxwright.runner.__main__", fromlist=["main"]).main(a.runner_args))
-    reap = sub.add_parser("reap", help="remove boxwright's Docker containers whose lease expired or run ended")
+    reap = sub.add_parser("reap", help="remove boxwright's leaked Docker containers and images (dry run by default)")
     reap.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
     reap.add_argument("--json", action="store_true", help="print the result as JSON")
     reap.set_defaults(func=cmd_reap)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Final, Literal, TypeAlias
 
 import msgspec
@@ -94,6 +94,21 @@ class ReapRunEntry(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=T
     error: str | None = None
 
 
+class LeakEntry(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
+    """A leaked provider object the sweep found (a container, an image): removed, or why not."""
+
+    kind: str
+    id: str
+    reason: str
+    removed: bool = False
+    error: str | None = None
+
+
+# Finds (and removes) what no run record leads to: containers whose host died, images nobody uses
+# (``docker_reap.docker_leak_sweeper``). One call per sweep, after the runs.
+SweepLeaks = Callable[[], Awaitable[Sequence[LeakEntry]]]
+
+
 def _empty_outcomes() -> dict[str, int]:
     return dict.fromkeys(REAP_OUTCOMES, 0)
 
@@ -105,6 +120,9 @@ class ReapResult(msgspec.Struct, rename="camel", kw_only=True):
     probed: int = 0
     outcomes: dict[str, int] = msgspec.field(default_factory=_empty_outcomes)
     runs: list[ReapRunEntry] = msgspec.field(default_factory=list)
+    # What ``sweep_leaks`` found, and why it could not look (a daemon that does not answer).
+    leaks: list[LeakEntry] = msgspec.field(default_factory=list)
+    leak_error: str | None = None
 
 
 class ReclaimResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -400,6 +418,7 @@ async def reap_detached_runs(
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
     logger: logging.Logger | None = None,
     prune: Prune | None = None,
+    sweep_leaks: SweepLeaks | None = None,
 ) -> ReapResult:
     """Sweep detached runs once (R64-R68). Never raises; read the ``outcomes`` tally.
 
@@ -419,6 +438,9 @@ async def reap_detached_runs(
     - a terminal run gets ``prune(listed_record)`` (``journal_pruner``: ``prune_journals`` on its
       sandbox; a raise is logged), then ``reclaim(listed_record)``; its raise: ``reclaim-failed``;
     - anything else raising: ``failed``. The reaper never clears ``detached_since``.
+
+    Then ``sweep_leaks()`` (``docker_leak_sweeper``): what it found lands in ``leaks``, its
+    raise in ``leak_error``; it runs also when listing the runs failed or found none.
     """
     logger = logger or _logger
     sweep = _Sweep(
@@ -437,16 +459,31 @@ async def reap_detached_runs(
         prune,
     )
     result = sweep.result
+    await _sweep_runs(sweep, runs, now_ms, max_runs, logger)
+    if sweep_leaks is not None:
+        try:
+            result.leaks = list(await sweep_leaks())
+        except Exception as exc:
+            result.leak_error = _describe(exc)
+            _log(logger, logging.ERROR, "reaper: sweeping leaked sandboxes failed: %s", exc)
+        for leak in result.leaks:
+            if leak.error is not None:
+                _log(logger, logging.WARNING, "reaper: leaked %s %s: %s", leak.kind, leak.id, leak.error)
+    return result
+
+
+async def _sweep_runs(sweep: _Sweep, runs: RunStore, now_ms: int, max_runs: int, logger: logging.Logger) -> None:
+    result = sweep.result
     list_reclaimable = getattr(runs, "list_reclaimable", None)
     if not callable(list_reclaimable):
         _log(logger, logging.WARNING, "reaper: %s has no list_reclaimable; nothing to sweep", type(runs).__name__)
-        return result
+        return
     try:
         # ttl 0: every detached run; which of them expired is decided per run, against this sweep's cutoff.
         listed: list[RunRecord] = list(await list_reclaimable(now_ms, 0))
     except Exception as exc:
         _log(logger, logging.ERROR, "reaper: listing detached runs failed: %s", exc)
-        return result
+        return
     candidates = listed[: max(max_runs, 0)]
     result.considered = len(candidates)
     for record in candidates:
@@ -457,7 +494,6 @@ async def reap_detached_runs(
             entry = ReapRunEntry(run_id=str(getattr(record, "run_id", "")), outcome="failed", error=_describe(exc))
         result.outcomes[entry.outcome] += 1
         result.runs.append(entry)
-    return result
 
 
 __all__ = [
@@ -466,6 +502,7 @@ __all__ = [
     "REAP_OUTCOMES",
     "HandleFor",
     "HasFinished",
+    "LeakEntry",
     "Prune",
     "ReapDrive",
     "ReapResult",
@@ -474,6 +511,7 @@ __all__ = [
     "Reclaim",
     "ReclaimOutcome",
     "ReclaimResult",
+    "SweepLeaks",
     "has_finished_via_journal",
     "journal_pruner",
     "reap_detached_runs",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import secrets
+import shutil
+import subprocess
 
 import pytest
 
@@ -15,3 +19,61 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(directory in item.path.parents for directory in _INTEGRATION):
             item.add_marker(pytest.mark.integration)
+
+
+# One id per session, on every Docker container and image the session creates (subprocesses too):
+# the session-end check below sees this session's leftovers only, never a parallel session's.
+if "BOXWRIGHT_TEST_SESSION" not in os.environ:
+    os.environ["BOXWRIGHT_TEST_SESSION"] = f"{os.getpid()}-{secrets.token_hex(4)}"
+    _labels = os.environ.get("BOXWRIGHT_DOCKER_LABELS")
+    _mine = f"boxwright.test-session={os.environ['BOXWRIGHT_TEST_SESSION']}"
+    os.environ["BOXWRIGHT_DOCKER_LABELS"] = f"{_labels},{_mine}" if _labels else _mine
+
+
+def _docker_leftovers() -> tuple[list[str], list[str]]:
+    """Containers and images of this session still on the engine; nothing when no engine answers."""
+    if shutil.which("docker") is None or not os.path.exists("/var/run/docker.sock"):
+        return [], []
+    from tests.support.docker import labelled_containers, labelled_images, session_label
+
+    try:
+        return labelled_containers(session_label()), labelled_images(session_label())
+    except (OSError, subprocess.SubprocessError):
+        return [], []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a test left a container or image behind (then remove them)."""
+    containers, images = _docker_leftovers()
+    if not containers and not images:
+        return
+    from tests.support.docker import remove_images
+
+    names = (
+        subprocess.run(
+            ["docker", "inspect", "--format", "{{.Name}} {{.Config.Image}}", *containers],
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+        if containers
+        else []
+    )
+    tags = (
+        subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Id}} {{.RepoTags}}", *images], capture_output=True, text=True
+        ).stdout.split("\n")
+        if images
+        else []
+    )
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [
+        "boxwright leak check: this session left Docker objects behind (now removed); a test must clean up:",
+        *[f"  container {line}" for line in names if line],
+        *[f"  image {line}" for line in tags if line],
+    ]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    if containers:
+        subprocess.run(["docker", "rm", "-f", *containers], capture_output=True, timeout=120)
+    remove_images(images)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -79,7 +79,16 @@ LABEL_OWNER = "boxwright.owner"
 LABEL_SANDBOX = "boxwright.sandbox"
 LABEL_RUN = "boxwright.run"
 LABEL_LEASE = "boxwright.lease-expires"
+# On committed images: "snapshot" or "fork", and when it was committed (epoch seconds).
+LABEL_KIND = "boxwright.kind"
+LABEL_CREATED = "boxwright.created"
+SNAPSHOT_REPOSITORY = "boxwright-snapshot"
+FORK_REPOSITORY = "boxwright-fork"
+# Extra labels for every container and image (``k=v,k2=v2``): a deployment or a CI session tags its own.
+LABELS_ENV = "BOXWRIGHT_DOCKER_LABELS"
 DEFAULT_LEASE = 6 * 3600.0
+# A snapshot outlives its container (restore after destroy), so its lease is longer.
+DEFAULT_SNAPSHOT_LEASE = 7 * 24 * 3600.0
 DEFAULT_USER = "1000:1000"
 _READ = 65536
 _WRITE_CHUNK = 32768
@@ -161,6 +170,16 @@ class DockerApi:
 
     def unavailable(self, exc: BaseException) -> ProviderUnavailableError:
         return ProviderUnavailableError(NAME, f"the Docker engine at {self._url} does not answer: {exc}", INSTALL_HELP)
+
+
+def env_labels() -> dict[str, str]:
+    """The labels of ``BOXWRIGHT_DOCKER_LABELS`` (``k=v,k2=v2``; a bare ``k`` is ``k=1``)."""
+    found: dict[str, str] = {}
+    for item in os.environ.get(LABELS_ENV, "").split(","):
+        key, _, value = item.strip().partition("=")
+        if key:
+            found[key] = value or "1"
+    return found
 
 
 def _env_list(env: Mapping[str, str]) -> list[str]:
@@ -668,24 +687,35 @@ class DockerHandle:
 
     async def snapshot(self, label: str | None = None) -> SnapshotRef:
         tag = f"{self.id[:12]}-{_tag(label or 'snap')}"
-        await self._commit("boxwright-snapshot", tag)
-        return SnapshotRef(id=f"boxwright-snapshot:{tag}", label=label)
+        await self._commit(SNAPSHOT_REPOSITORY, tag, "snapshot", self._provider.snapshot_lease_seconds)
+        return SnapshotRef(id=f"{SNAPSHOT_REPOSITORY}:{tag}", label=label)
 
-    async def _commit(self, repository: str, tag: str) -> None:
+    async def _commit(self, repository: str, tag: str, kind: str, lease: float) -> None:
         api = self.api
+        now = time.time()
+        # The image keeps the container's labels (owner, sandbox key, run); these say what it is and
+        # how long it may live, so the reaper can tell a leaked image from one a sandbox still needs.
+        changes = [f"LABEL {LABEL_KIND}={kind} {LABEL_CREATED}={now:.0f} {LABEL_LEASE}={now + lease:.0f}"]
         try:
             # No pause: the cgroup freezer left a container paused for good here once (unpause hung), and
             # a commit after setup has nothing running to catch mid-write.
-            await api.call(api.api.commit, self.id, repository=repository, tag=tag, pause=False)
+            await api.call(api.api.commit, self.id, repository=repository, tag=tag, pause=False, changes=changes)
         except (api.errors.NotFound, api.errors.APIError) as exc:
             raise self._gone(exc) from exc
 
     async def fork(self) -> DockerHandle:
         tag = f"{self.id[:12]}-{int(time.time() * 1000)}"
-        await self._commit("boxwright-fork", tag)
-        return await self._provider._create_from(
-            f"boxwright-fork:{tag}", env=self.env.get(), network=self.network, key=None, run=None
-        )
+        image = f"{FORK_REPOSITORY}:{tag}"
+        await self._commit(FORK_REPOSITORY, tag, "fork", self._provider.lease_seconds)
+        try:
+            return await self._provider._create_from(
+                image, env=self.env.get(), network=self.network, key=None, run=None
+            )
+        except BaseException:
+            # The image serves this fork alone: with no fork, nothing will ever use it.
+            with contextlib.suppress(Exception):
+                await self.api.call(self.api.api.remove_image, image)
+            raise
 
     async def destroy(self) -> None:
         if self._fast_start is not None:
@@ -722,11 +752,13 @@ class DockerProvider:
         labels: Mapping[str, str] | None = None,
         run_id: str | None = None,
         lease_seconds: float = DEFAULT_LEASE,
+        snapshot_lease_seconds: float = DEFAULT_SNAPSHOT_LEASE,
         base_url: str | None = None,
         logger: Logger | None = None,
         fast_exec: bool = True,
     ) -> None:
         self.fast_exec = fast_exec
+        self.snapshot_lease_seconds = snapshot_lease_seconds
         self.image = image
         self.workdir = workdir.rstrip("/") or "/"
         self.user = user
@@ -791,6 +823,7 @@ class DockerProvider:
 
     def _labels(self, key: str | None, run: str | None) -> dict[str, str]:
         labels = {
+            **env_labels(),
             **self.labels,
             LABEL_MANAGED: "1",
             LABEL_OWNER: owner_id(),
@@ -887,6 +920,11 @@ class DockerProvider:
     async def destroy(self, input: DestroyInput) -> None:
         api = await self._connected()
         try:
+            info = await api.call(api.api.inspect_container, input.id)
+        except api.errors.NotFound:
+            return
+        image = str((info.get("Config") or {}).get("Image") or "")
+        try:
             await api.call(api.api.remove_container, input.id, force=True, v=True)
         except api.errors.NotFound:
             return
@@ -894,6 +932,10 @@ class DockerProvider:
             if exc.status_code == 409 and "in progress" in str(exc):
                 return  # another caller is removing it
             raise
+        if image.startswith(f"{FORK_REPOSITORY}:"):
+            # A fork's image serves that fork alone. Not forced: a container someone else made from it keeps it.
+            with contextlib.suppress(Exception):
+                await api.call(api.api.remove_image, image)
 
 
 def _workspace_tar(workdir: str, user: str) -> bytes:
@@ -929,6 +971,7 @@ def docker_sandbox(
     labels: Mapping[str, str] | None = None,
     run_id: str | None = None,
     lease_seconds: float = DEFAULT_LEASE,
+    snapshot_lease_seconds: float = DEFAULT_SNAPSHOT_LEASE,
     base_url: str | None = None,
     logger: Logger | None = None,
     fast_exec: bool = True,
@@ -939,6 +982,9 @@ def docker_sandbox(
     privileges and the ``limits``; ``network="deny"`` gives the container no network.
     ``publish_ports`` are bound to 127.0.0.1 on daemon-chosen host ports. ``fast_exec`` runs
     plain commands through a small server in the container (``_docker_fast``) once it answers.
+    ``lease_seconds`` and ``snapshot_lease_seconds`` bound how long a container and a committed
+    snapshot image may live before any host's reaper removes them (``boxwright.docker_reap``);
+    ``BOXWRIGHT_DOCKER_LABELS`` (``k=v,...``) adds labels to every container and image.
     """
     return DockerProvider(
         image,
@@ -951,6 +997,7 @@ def docker_sandbox(
         labels=labels,
         run_id=run_id,
         lease_seconds=lease_seconds,
+        snapshot_lease_seconds=snapshot_lease_seconds,
         base_url=base_url,
         logger=logger,
         fast_exec=fast_exec,

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docker import BASE_IMAGE, RUNNER_IMAGE, image_problem
+from tests.support.docker import (
+    BASE_IMAGE,
+    RUNNER_IMAGE,
+    image_problem,
+    labelled_containers,
+    labelled_images,
+    remove_images,
+    session_label,
+)
 from tests.support.require import missing
 
 pytestmark = pytest.mark.integration
@@ -20,10 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _managed() -> set[str]:
-    run = subprocess.run(
-        ["docker", "ps", "-aq", "--no-trunc", "--filter", "label=boxwright.managed=1"], capture_output=True, text=True
-    )
-    return set(run.stdout.split())
+    # This session's (the CLI inherits its label): a parallel session's containers are not this test's.
+    return set(labelled_containers(session_label()))
 
 
 def _boxwright(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -36,7 +42,7 @@ def _boxwright(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_run_provider_docker_runs_in_a_container_and_reap_keeps_a_live_one(tmp_path: Path) -> None:
     if (problem := image_problem(BASE_IMAGE)) is not None:
         missing(problem)
-    before = _managed()
+    before, images_before = _managed(), set(labelled_images(session_label()))
     try:
         run = _boxwright(
             "run", "hi", "--provider", "docker", "--image", BASE_IMAGE, "--harness", "command:echo in-box; id -u",
@@ -50,11 +56,17 @@ def test_run_provider_docker_runs_in_a_container_and_reap_keeps_a_live_one(tmp_p
         assert len(created) == 1, "the run's container (kept for the thread) carries boxwright's labels"
         reap = _boxwright("reap", "--json", cwd=tmp_path)
         assert reap.returncode == 0, reap.stderr
-        assert not created & {r["id"] for r in json.loads(reap.stdout)}, "a live run's container would be reaped"
+        reaped = json.loads(reap.stdout)
+        assert not created & {r["id"] for r in reaped["containers"]}, "a live run's container would be reaped"
+        snapshots = set(labelled_images(session_label())) - images_before
+        assert len(snapshots) == 1, "the run's after-setup snapshot carries boxwright's labels"
+        assert not snapshots & {r["id"] for r in reaped["images"]}, "a live thread's snapshot would be reaped"
     finally:
         left = _managed() - before
         if left:
             subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
+        # The run's after-setup snapshot: kept for the thread by design, so this test removes it.
+        remove_images(sorted(set(labelled_images(session_label())) - images_before))
 
 
 def test_doctor_reports_the_engine_and_the_runner_image(tmp_path: Path) -> None:

@@ -19,6 +19,10 @@ RUNNER_IMAGE = os.environ.get("BOXWRIGHT_RUNNER_IMAGE", "boxwright-runner:latest
 BUILD_HELP = "run deploy/runner/build.sh (needs dockerd, debootstrap and the agent CLIs in /opt/boxwright-agents)"
 # Every container a test creates carries this label, so the leak check sees only the tests' own.
 TEST_LABEL = "boxwright.test"
+# tests/conftest.py gives every container and image of one pytest session this label (through the
+# provider's BOXWRIGHT_DOCKER_LABELS, which subprocesses inherit), so the session-end leak check sees
+# its own session's leftovers and never those of another session running beside it.
+SESSION_LABEL = "boxwright.test-session"
 
 
 @functools.cache
@@ -75,6 +79,28 @@ def labelled_containers(label: str = TEST_LABEL) -> list[str]:
         ["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={label}"], capture_output=True, text=True, timeout=30
     )
     return run.stdout.split()
+
+
+def session_label() -> str:
+    """``key=value`` of this session's label (``BOXWRIGHT_TEST_SESSION``, set by tests/conftest.py)."""
+    return f"{SESSION_LABEL}={os.environ.get('BOXWRIGHT_TEST_SESSION', 'none')}"
+
+
+def labelled_images(label: str) -> list[str]:
+    """Ids of images (tagged or dangling) that carry ``label``."""
+    run = subprocess.run(
+        ["docker", "images", "-q", "--no-trunc", "--filter", f"label={label}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return sorted(set(run.stdout.split()))
+
+
+def remove_images(ids: list[str]) -> None:
+    """Remove images by id, their tags and all (a leak check's cleanup; forced: its containers are gone)."""
+    if ids:
+        subprocess.run(["docker", "rmi", "-f", *ids], capture_output=True, timeout=120)
 
 
 def bridge_address() -> str:
