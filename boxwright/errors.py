@@ -127,6 +127,20 @@ class StoreClosedError(BoxwrightError, RuntimeError):
         super().__init__(f"database {path!r} is closed")
 
 
+class StoreUnavailableError(BoxwrightError, ConnectionError):
+    """A networked store (Redis) could not be reached or dropped the connection mid-call.
+
+    The call's outcome is unknown when the connection dropped after the request was sent; a
+    store never retries a write on its own, so a batch is never applied twice.
+    """
+
+    def __init__(self, url: str, action: str, detail: str) -> None:
+        self.url = url
+        self.action = action
+        self.detail = detail
+        super().__init__(f"store {url} is unreachable ({action}): {detail}; check that the server is up and the URL")
+
+
 class WorkspaceSourceError(BoxwrightError):
     """The workspace source could not be landed (clone failed, local directory missing)."""
 

@@ -1,4 +1,6 @@
-"""Instance, lock and run stores and event logs: in-memory (one process) and SQLite (every process sharing a file)."""
+"""Instance, lock and run stores and event logs: in-memory (one process), SQLite (every process sharing a file)
+and Redis (``boxwright.stores.redis``, extra ``redis``: every host reaching the server); ``open_store(url)``
+opens a whole set from a ``sqlite:///PATH`` or ``redis://HOST:PORT/DB`` URL."""
 
 from boxwright.stores.base import (
     DEFAULT_LEASE_TTL_MS,
@@ -18,6 +20,7 @@ from boxwright.stores.memory import (
     MemoryRunStore,
     memory_run_backend,
 )
+from boxwright.stores.open import StoreSet, open_store
 from boxwright.stores.sqlite import (
     SqliteDatabase,
     SqliteEventLog,
@@ -45,9 +48,11 @@ __all__ = [
     "SqliteInstanceStore",
     "SqliteLockStore",
     "SqliteRunStore",
+    "StoreSet",
     "hold_lock",
     "memory_run_backend",
     "open_database",
+    "open_store",
     "sqlite_run_backend",
     "warn_if_not_durable",
 ]

@@ -1,0 +1,815 @@
+"""Redis stores (redis-py asyncio, extra ``redis``): every process and host on one Redis server shares them.
+
+``open_redis(url)`` returns a ``RedisDatabase``: one lazily opened client (a connection pool)
+that all Redis stores of a process share, every key under one prefix (default ``boxwright:``,
+``?prefix=`` in the URL), so several deployments or tests can share a server. One server, not
+Redis Cluster: several scripts touch keys of more than one slot.
+
+Runs and event logs (``redis_run_backend(db)``)
+    A run record is a hash; an event log is a Redis Stream whose entry ids are ``<seq>-0``, so
+    the offset ``<tag>_<seq>`` of ``boxwright.runs`` maps to an entry id without a lookup. An
+    append is one Lua script: it compares the run's ``driver_epoch`` with the writer's, refuses
+    a closed log, and only then ``XADD``s the batch, so a fenced writer's append is refused
+    atomically (decision 3) and a batch lands whole or not at all. ``close`` sets the log's
+    closed flag and adds a marker entry ``<last seq>-1``, which wakes every blocked reader.
+    A reader that caught up waits on one ``XREAD BLOCK`` per run and process (``_RunWatch``),
+    however many readers that process has: an append from any connection wakes it at once,
+    with no polling.
+
+Locks
+    ``SET key token NX PX ttl``; each acquisition also takes the next fencing token of the key
+    (``INCR``), handed out as ``RedisLease.fencing_token``. The holder renews every ttl/3 with a
+    token-checked ``PEXPIRE`` from a task the block owns, and releases with a token-checked
+    ``DEL``. A renewal that finds another token (the holder stalled past the lease and another
+    process took the key over), or that fails, fires the ``LeaseSignal``, as ``SqliteLockStore``'s does.
+
+Failures
+    A server that is down or drops the connection raises ``StoreUnavailableError`` at once:
+    nothing is retried, since a retried append could land twice. The pool reconnects on the
+    next call, so a store outlives a server restart. Durability is the server's: run it with
+    ``appendonly yes`` (``appendfsync always`` makes every acknowledged write survive a machine
+    crash too; ``everysec`` survives a Redis crash or restart but may lose the last second if
+    the host goes down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Final, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import msgspec
+
+from boxwright.abort import AbortSignal
+from boxwright.errors import EventLogClosedError, InvalidRunStatusError, RunExistsError, StoreClosedError
+from boxwright.errors import StoreUnavailableError as StoreUnavailableError
+from boxwright.events import Event, TokenUsage, decode_event, encode_event
+from boxwright.runs import (
+    START_OFFSET,
+    RunError,
+    RunPatch,
+    RunRecord,
+    check_epoch,
+    check_run_id,
+    check_thread_id,
+    format_offset,
+    is_run_status,
+    offset_never_issued,
+    parse_offset,
+    patch_changes,
+    wait_event_or_abort,
+)
+from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, InstanceRecord, Lease, LeaseSignal
+
+try:
+    import redis.asyncio as aioredis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+except ImportError as exc:  # pragma: no cover - only without the extra
+    raise ImportError("the Redis stores need redis-py: pip install 'boxwright[redis]'") from exc
+
+T = TypeVar("T")
+
+log = logging.getLogger("boxwright.stores")
+
+DEFAULT_PREFIX: Final = "boxwright:"
+CONNECT_TIMEOUT_S: Final = 5.0
+# No command but a blocking read takes long; a blocking read's own bound is WATCH_BLOCK_MS.
+SOCKET_TIMEOUT_S: Final = 30.0
+# How long one XREAD BLOCK waits before its watcher looks whether anyone still waits.
+WATCH_BLOCK_MS: Final = 1_000
+READ_PAGE: Final = 1024
+POLL_START_S: Final = 0.010
+POLL_CAP_S: Final = 0.200
+
+_Errors = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password, fit for an error message or a log."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisDatabase:
+    """One shared redis-py asyncio client for ``url``, opened on first use; ``await close()`` ends it.
+
+    ``url`` is ``redis://[:password@]host[:port][/db]`` (or ``rediss://``, ``unix://``), with an
+    optional ``?prefix=`` for the keys' prefix. Use one object per event loop.
+    """
+
+    def __init__(self, url: str, *, prefix: str | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"not a Redis URL: {_redacted(url)!r} (expected redis://HOST:PORT/DB)")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        in_url = [value for name, value in query if name == "prefix"]
+        self.prefix = prefix if prefix is not None else in_url[-1] if in_url else DEFAULT_PREFIX
+        # redis-py refuses query arguments it does not know: ours is taken out before it sees the URL.
+        self._client_url = urlunsplit(parts._replace(query=urlencode([(n, v) for n, v in query if n != "prefix"])))
+        self.url = _redacted(url)
+        self._client: aioredis.Redis | None = None
+        self._closed = False
+        self._scripts: dict[str, Any] = {}
+        self.watches: dict[str, _RunWatch] = {}
+
+    @property
+    def client(self) -> aioredis.Redis:
+        if self._closed:
+            raise StoreClosedError(self.url)
+        if self._client is None:
+            self._client = aioredis.from_url(
+                self._client_url,
+                socket_connect_timeout=CONNECT_TIMEOUT_S,
+                socket_timeout=SOCKET_TIMEOUT_S,
+                # Never retried: a retried append or create could land twice (see the module doc).
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=0,
+            )
+        return self._client
+
+    def key(self, kind: str, name: str = "") -> str:
+        return f"{self.prefix}{kind}:{name}"
+
+    def script(self, source: str) -> Any:
+        """The script object for ``source`` (EVALSHA, loaded again after a server restart lost it)."""
+        found = self._scripts.get(source)
+        if found is None:
+            found = self._scripts[source] = self.client.register_script(source)
+        return found
+
+    async def run(self, action: str, call: Awaitable[Any]) -> Any:
+        """Await ``call``, turning a lost or refused connection into ``StoreUnavailableError``."""
+        try:
+            return await call
+        except _Errors as exc:
+            raise StoreUnavailableError(self.url, action, f"{type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        self._closed = True
+        watches, self.watches = list(self.watches.values()), {}
+        for watch in watches:
+            await watch.stop()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> RedisDatabase:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"RedisDatabase({self.url!r}, prefix={self.prefix!r}{', closed' if self._closed else ''})"
+
+
+def open_redis(url: str, *, prefix: str | None = None) -> RedisDatabase:
+    """The Redis database at ``url``; nothing is connected until first use."""
+    return RedisDatabase(url, prefix=prefix)
+
+
+def _pairs(flat: Sequence[bytes]) -> dict[str, str]:
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+# -- instances ------------------------------------------------------------------------------------
+
+_INSTANCE_FIELDS = ("provider", "provider_sandbox_id", "thread_id", "updated_at", "latest_snapshot_id", "latest_run_id")
+
+
+class RedisInstanceStore:
+    """Instance records as hashes ``<prefix>instance:<key>``."""
+
+    def __init__(self, db: RedisDatabase) -> None:
+        self._db = db
+
+    async def get(self, key: str) -> InstanceRecord | None:
+        found = cast(
+            dict[bytes, bytes], await self._db.run("get", self._db.client.hgetall(self._db.key("instance", key)))
+        )
+        if not found:
+            return None
+        fields = {_text(k): _text(v) for k, v in found.items()}
+        return InstanceRecord(
+            key=key,
+            provider=fields["provider"],
+            provider_sandbox_id=fields["provider_sandbox_id"],
+            thread_id=fields["thread_id"],
+            updated_at=int(fields["updated_at"]),
+            latest_snapshot_id=fields.get("latest_snapshot_id"),
+            latest_run_id=fields.get("latest_run_id"),
+        )
+
+    async def upsert(self, record: InstanceRecord) -> None:
+        mapping: dict[str, str | int] = {
+            name: value for name in _INSTANCE_FIELDS if (value := getattr(record, name)) is not None
+        }
+        mapping["updated_at"] = str(record.updated_at)
+        key = self._db.key("instance", record.key)
+        # One transaction, delete then write: a field merge would keep a snapshot id the caller meant to clear.
+        pipe = self._db.client.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.hset(key, mapping=cast(Any, mapping))
+        await self._db.run("upsert", pipe.execute())
+
+    async def delete(self, key: str) -> None:
+        await self._db.run("delete", self._db.client.delete(self._db.key("instance", key)))
+
+
+# -- locks ----------------------------------------------------------------------------------------
+
+_ACQUIRE_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+"""
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisLease(Lease):
+    """A ``Lease`` with the key's fencing token: strictly greater for every later holder of the key."""
+
+    __slots__ = ("fencing_token",)
+
+    def __init__(self, key: str, fencing_token: int) -> None:
+        super().__init__(key)
+        self.fencing_token = fencing_token
+
+
+class _Wakeup:
+    __slots__ = ("event", "waiters")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.waiters = 0
+
+
+class RedisLockStore:
+    durable = True
+
+    def __init__(self, db: RedisDatabase) -> None:
+        self._db = db
+        # Waiters in this process are woken by a local release instead of sleeping out their backoff.
+        self._wakeups: dict[str, _Wakeup] = {}
+
+    async def with_lock(
+        self, key: str, fn: Callable[[LeaseSignal], Awaitable[T]], *, ttl_ms: int = DEFAULT_LEASE_TTL_MS
+    ) -> T:
+        async with self.lock(key, ttl_ms=ttl_ms) as lease:
+            return await fn(lease)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AsyncIterator[LeaseSignal]:
+        """Hold ``key`` for the block, renewed every ttl/3 by a task the block owns (cancelled and awaited on
+        exit); the lease (a ``RedisLease``) reports its loss and carries the key's fencing token."""
+        if ttl_ms <= 0:
+            raise ValueError(f"ttl_ms must be positive, got {ttl_ms}")
+        token = secrets.token_hex(16)
+        fencing = await self._acquire(key, token, ttl_ms)
+        lease = RedisLease(key, fencing)
+        renewer = asyncio.create_task(self._renew(key, token, ttl_ms, lease), name=f"boxwright lease renewal {key}")
+        try:
+            yield lease
+        finally:
+            renewer.cancel()
+            # Shielded so a cancelled holder still frees the key instead of leaving it to expire.
+            await asyncio.shield(self._release(key, token))
+            await asyncio.wait([renewer])
+
+    async def _acquire(self, key: str, token: str, ttl_ms: int) -> int:
+        delay = POLL_START_S
+        while True:
+            fencing = await self._try_take(key, token, ttl_ms)
+            if fencing:
+                return fencing
+            await self._pause(key, delay)
+            delay = min(delay * 2, POLL_CAP_S)
+
+    async def _try_take(self, key: str, token: str, ttl_ms: int) -> int:
+        attempt = asyncio.ensure_future(
+            self._db.run(
+                "lock",
+                self._db.script(_ACQUIRE_LUA)(
+                    keys=[self._db.key("lock", key), self._db.key("fence", key)], args=[token, ttl_ms]
+                ),
+            )
+        )
+        try:
+            return int(await asyncio.shield(attempt))
+        except asyncio.CancelledError:
+            # The SET may still land after we stop waiting; a lease nobody holds would block the key for a ttl.
+            with contextlib.suppress(Exception):
+                if await attempt:
+                    await self._delete(key, token)
+            raise
+
+    async def _pause(self, key: str, delay: float) -> None:
+        wakeup = self._wakeups.get(key)
+        if wakeup is None:
+            wakeup = self._wakeups[key] = _Wakeup()
+        wakeup.waiters += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await wakeup.event.wait()
+        finally:
+            wakeup.waiters -= 1
+            if wakeup.waiters == 0 and self._wakeups.get(key) is wakeup:
+                del self._wakeups[key]
+
+    async def _renew(self, key: str, token: str, ttl_ms: int, lease: Lease) -> None:
+        interval = ttl_ms / 3 / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                held = await self._db.run(
+                    "renew lock", self._db.script(_RENEW_LUA)(keys=[self._db.key("lock", key)], args=[token, ttl_ms])
+                )
+            except Exception as exc:
+                # Without a renewal nobody can vouch for the lease any more; the holder must assume it gone.
+                lease.mark_lost(f"renewal failed: {exc}")
+                return
+            if not held:
+                lease.mark_lost("the lease expired and another holder took the key over")
+                return
+
+    async def _delete(self, key: str, token: str) -> None:
+        # Token-checked: a holder whose lease expired must not free the key its successor now holds.
+        await self._db.run(
+            "release lock", self._db.script(_RELEASE_LUA)(keys=[self._db.key("lock", key)], args=[token])
+        )
+
+    async def _release(self, key: str, token: str) -> None:
+        try:
+            await self._delete(key, token)
+        except Exception as exc:
+            log.warning("could not release lock %r (%s); it frees itself when its lease expires", key, exc)
+        wakeup = self._wakeups.pop(key, None)
+        if wakeup is not None:
+            wakeup.event.set()
+
+
+# -- run records ----------------------------------------------------------------------------------
+#
+# A record is the hash <prefix>run:<id>: one field per set RunRecord field (an absent field is
+# None), plus "order", a per-database creation counter and the run id ("<20 digits>:<id>"), the
+# member under which the run is indexed. Indexes: <prefix>thread:<thread> (score started_at) and
+# <prefix>detached (score detached_since, only running runs); equal scores sort by member, so by
+# creation, as SQLite's rowid does.
+
+_ORDER_WIDTH = 20
+
+_CREATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('HGETALL', KEYS[1])} end
+local order = string.format('%020d', redis.call('INCR', KEYS[2])) .. ':' .. ARGV[1]
+redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'thread_id', ARGV[2], 'status', 'running',
+  'started_at', ARGV[3], 'updated_at', ARGV[4], 'order', order)
+redis.call('ZADD', KEYS[3], ARGV[3], order)
+return {1, redis.call('HGETALL', KEYS[1])}
+"""
+
+# ARGV: expected epoch ('' for none), then field/value pairs; a value '' deletes, '=x' sets x.
+_UPDATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if ARGV[1] ~= '' then
+  local held = redis.call('HGET', KEYS[1], 'driver_epoch')
+  if held ~= ARGV[1] then return {'fenced', held} end
+end
+for i = 2, #ARGV, 2 do
+  if ARGV[i + 1] == '' then redis.call('HDEL', KEYS[1], ARGV[i])
+  else redis.call('HSET', KEYS[1], ARGV[i], string.sub(ARGV[i + 1], 2)) end
+end
+local order = redis.call('HGET', KEYS[1], 'order')
+local detached = redis.call('HGET', KEYS[1], 'detached_since')
+if detached and redis.call('HGET', KEYS[1], 'status') == 'running' then
+  redis.call('ZADD', KEYS[2], detached, order)
+else
+  redis.call('ZREM', KEYS[2], order)
+end
+return {'ok', redis.call('HGETALL', KEYS[1])}
+"""
+
+_ACTIVE_LUA = """
+local members = redis.call('ZREVRANGE', KEYS[1], 0, -1)
+for _, member in ipairs(members) do
+  local key = ARGV[1] .. string.sub(member, ARGV[2] + 2)
+  if redis.call('HGET', key, 'status') == 'running' then return redis.call('HGETALL', key) end
+end
+return false
+"""
+
+_usage_decoder = msgspec.json.Decoder(TokenUsage)
+_error_decoder = msgspec.json.Decoder(RunError)
+
+
+def _run_from_hash(fields: dict[str, str]) -> RunRecord:
+    run_id = fields["run_id"]
+    status = fields["status"]
+    if not is_run_status(status):
+        raise InvalidRunStatusError(run_id, status)
+
+    def integer(name: str) -> int | None:
+        value = fields.get(name)
+        return None if value is None else int(value)
+
+    usage = fields.get("usage")
+    error = fields.get("error")
+    cancel = fields.get("cancel_requested")
+    return RunRecord(
+        run_id=run_id,
+        thread_id=fields["thread_id"],
+        status=status,
+        started_at=int(fields["started_at"]),
+        updated_at=int(fields["updated_at"]),
+        finished_at=integer("finished_at"),
+        error=None if error is None else _error_decoder.decode(error),
+        usage=None if usage is None else _usage_decoder.decode(usage),
+        sandbox_key=fields.get("sandbox_key"),
+        detached_since=integer("detached_since"),
+        # Absent (never set) and "0" (explicitly False) are different answers.
+        cancel_requested=None if cancel is None else cancel == "1",
+        driver_epoch=integer("driver_epoch"),
+    )
+
+
+def _field_value(name: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if name in ("error", "usage"):
+        return "=" + msgspec.json.encode(value).decode()
+    if name == "cancel_requested":
+        return "=1" if value else "=0"
+    return f"={value}"
+
+
+class RedisRunStore:
+    """Run records in Redis hashes; every process on the server sees them (see the module doc)."""
+
+    def __init__(self, db: RedisDatabase) -> None:
+        self._db = db
+
+    def _run_key(self, run_id: str) -> str:
+        return self._db.key("run", run_id)
+
+    async def _records(self, members: Sequence[bytes]) -> list[RunRecord]:
+        if not members:
+            return []
+        pipe = self._db.client.pipeline(transaction=False)
+        for member in members:
+            pipe.hgetall(self._run_key(_text(member)[_ORDER_WIDTH + 1 :]))
+        rows = cast(list[dict[bytes, bytes]], await self._db.run("list runs", pipe.execute()))
+        return [_run_from_hash({_text(k): _text(v) for k, v in row.items()}) for row in rows if row]
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        found = cast(
+            dict[bytes, bytes],
+            await self._db.run("get run", self._db.client.hgetall(self._run_key(check_run_id(run_id)))),
+        )
+        return _run_from_hash({_text(k): _text(v) for k, v in found.items()}) if found else None
+
+    async def _create(self, run_id: str, thread_id: str, started_at: int | None) -> tuple[bool, RunRecord]:
+        check_run_id(run_id)
+        check_thread_id(thread_id)
+        now = _now_ms()
+        reply = await self._db.run(
+            "create run",
+            self._db.script(_CREATE_LUA)(
+                keys=[self._run_key(run_id), self._db.key("run-counter"), self._db.key("thread", thread_id)],
+                args=[run_id, thread_id, now if started_at is None else started_at, now],
+            ),
+        )
+        return bool(reply[0]), _run_from_hash(_pairs(reply[1]))
+
+    async def create_or_resume(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
+        # Never an upsert: a finished run asked for again must stay finished.
+        return (await self._create(run_id, thread_id, started_at))[1]
+
+    async def create(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
+        """A new ``running`` record; ``RunExistsError`` (naming the owner's thread) if the id has one (atomic)."""
+        inserted, record = await self._create(run_id, thread_id, started_at)
+        if not inserted:
+            raise RunExistsError(run_id, record.thread_id)
+        return record
+
+    async def update(self, run_id: str, patch: RunPatch, *, expected_epoch: int | None = None) -> RunRecord | None:
+        changes = patch_changes(check_run_id(run_id), patch)
+        args: list[str] = ["" if expected_epoch is None else str(expected_epoch)]
+        for name, value in changes.items():
+            args += [name, _field_value(name, value)]
+        args += ["updated_at", f"={_now_ms()}"]
+        reply = await self._db.run(
+            "update run",
+            self._db.script(_UPDATE_LUA)(keys=[self._run_key(run_id), self._db.key("detached")], args=args),
+        )
+        if reply is None:
+            return None
+        if _text(reply[0]) == "fenced":
+            stored = None if reply[1] is None else int(reply[1])
+            check_epoch(run_id, cast(int, expected_epoch), stored, "update")
+        return _run_from_hash(_pairs(reply[1]))
+
+    async def find_active_run(self, thread_id: str) -> RunRecord | None:
+        reply = await self._db.run(
+            "find active run",
+            self._db.script(_ACTIVE_LUA)(
+                keys=[self._db.key("thread", thread_id)], args=[self._db.key("run"), _ORDER_WIDTH]
+            ),
+        )
+        return None if reply is None else _run_from_hash(_pairs(reply))
+
+    async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
+        members = cast(
+            list[bytes],
+            await self._db.run("list runs", self._db.client.zrange(self._db.key("thread", thread_id), 0, -1)),
+        )
+        return await self._records(members)
+
+    async def list_reclaimable(self, now_ms: int, ttl_ms: int) -> list[RunRecord]:
+        cutoff = now_ms - ttl_ms
+        members: list[bytes] = await self._db.run(
+            "list reclaimable runs", self._db.client.zrangebyscore(self._db.key("detached"), "-inf", cutoff)
+        )
+        return [
+            r
+            for r in await self._records(members)
+            if r.status == "running" and r.detached_since is not None and r.detached_since <= cutoff
+        ]
+
+
+# -- event logs -----------------------------------------------------------------------------------
+#
+# <prefix>log:<id> is the log's state (seq: the last event's position; closed: "1"), <prefix>events:<id>
+# the stream: event n is the entry "<n>-0" with the field "e" (its compact JSON); the close
+# marker is the entry "<last n>-1". Appends, closes and the epoch check are each one script.
+
+_APPEND_LUA = """
+if ARGV[1] ~= '' then
+  local held = redis.call('HGET', KEYS[1], 'driver_epoch')
+  if held ~= ARGV[1] then return {'fenced', held} end
+end
+if redis.call('HGET', KEYS[2], 'closed') == '1' then return {'closed'} end
+local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
+local first = seq + 1
+for i = 2, #ARGV do
+  seq = seq + 1
+  redis.call('XADD', KEYS[3], seq .. '-0', 'e', ARGV[i])
+end
+redis.call('HSET', KEYS[2], 'seq', seq)
+return {'ok', first}
+"""
+_CLOSE_LUA = """
+if redis.call('HGET', KEYS[1], 'closed') == '1' then return 0 end
+redis.call('HSET', KEYS[1], 'closed', '1')
+redis.call('XADD', KEYS[2], (redis.call('HGET', KEYS[1], 'seq') or '0') .. '-1', 'closed', '1')
+return 1
+"""
+
+
+def _entry_seq(entry_id: bytes) -> tuple[int, bool]:
+    """``(seq, is_close_marker)`` of a stream entry id ``<seq>-<0|1>``."""
+    ms, _, part = _text(entry_id).partition("-")
+    return int(ms), part != "0"
+
+
+class _RunWatch:
+    """Wakes this process's readers of one run: one ``XREAD BLOCK`` loop while anyone waits.
+
+    Readers take ``generation()`` BEFORE they query, so an entry that lands between their query
+    and their wait still wakes them: the loop reads from where the readers' queries ended and
+    sets the generation on every entry (an append, or the close marker) it sees.
+    """
+
+    def __init__(self, db: RedisDatabase, key: str) -> None:
+        self._db = db
+        self._key = key
+        self._changed: asyncio.Event | None = None
+        self._waiters = 0
+        self._cursor = "0-0"
+        self._task: asyncio.Task[None] | None = None
+
+    def generation(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait(self, after: str, changed: asyncio.Event, signal: AbortSignal | None) -> bool:
+        self._waiters += 1
+        if self._task is None:
+            self._cursor = after
+            self._task = asyncio.get_running_loop().create_task(
+                self._watch(), name=f"boxwright run-log watch {self._key}"
+            )
+        try:
+            return await wait_event_or_abort(changed, signal)
+        finally:
+            self._waiters -= 1
+
+    async def _watch(self) -> None:
+        try:
+            while self._waiters:
+                # RESP2 (the client's default): [[key, [(id, fields), ...]]].
+                reply: Any = await self._db.client.xread(
+                    {self._key: self._cursor}, count=READ_PAGE, block=WATCH_BLOCK_MS
+                )
+                if reply:
+                    entries = reply[0][1]
+                    self._cursor = _text(entries[-1][0])
+                    self.notify()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Readers query again and meet the error themselves (the server went away, the store was closed).
+            pass
+        finally:
+            self._task = None
+            self.notify()
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+
+
+_watch_owner: weakref.WeakKeyDictionary[RedisDatabase, None] = weakref.WeakKeyDictionary()
+
+
+class RedisEventLog:
+    """Run event logs as Redis Streams, readable and writable from every process on the server.
+
+    Appends are fenced on the run records of the same ``RedisDatabase`` (``redis_run_backend``).
+    """
+
+    def __init__(self, db: RedisDatabase) -> None:
+        self._db = db
+
+    def _keys(self, run_id: str) -> tuple[str, str, str]:
+        return self._db.key("run", run_id), self._db.key("log", run_id), self._db.key("events", run_id)
+
+    def _watch(self, run_id: str) -> _RunWatch:
+        key = self._db.key("events", run_id)
+        watch = self._db.watches.get(key)
+        if watch is None:
+            watch = self._db.watches[key] = _RunWatch(self._db, key)
+        return watch
+
+    def _forget_idle(self, run_id: str) -> None:
+        key = self._db.key("events", run_id)
+        watch = self._db.watches.get(key)
+        if watch is not None and watch._waiters == 0 and watch._task is None:
+            del self._db.watches[key]
+
+    async def append(self, run_id: str, events: Sequence[Event], *, epoch: int | None = None) -> list[str]:
+        check_run_id(run_id)
+        if not events:
+            return []
+        blobs = [encode_event(event) for event in events]
+        reply = await self._db.run(
+            "append",
+            self._db.script(_APPEND_LUA)(
+                keys=list(self._keys(run_id)), args=["" if epoch is None else str(epoch), *blobs]
+            ),
+        )
+        outcome = _text(reply[0])
+        if outcome == "fenced":
+            check_epoch(run_id, cast(int, epoch), None if reply[1] is None else int(reply[1]), "append")
+        if outcome == "closed":
+            raise EventLogClosedError(run_id)
+        first = int(reply[1])
+        watch = self._db.watches.get(self._db.key("events", run_id))
+        if watch is not None:
+            watch.notify()  # readers of this process need not wait for their XREAD to come back
+        return [format_offset(run_id, seq) for seq in range(first, first + len(blobs))]
+
+    async def _state(self, run_id: str) -> tuple[bool, int]:
+        closed, seq = await self._db.run(
+            "read log state", self._db.client.hmget(self._db.key("log", run_id), ["closed", "seq"])
+        )
+        return closed == b"1", 0 if seq is None else int(seq)
+
+    async def _fetch(self, run_id: str, after: int) -> tuple[bool, list[tuple[int, bytes]]]:
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._db.run(
+            "read log",
+            self._db.client.xrange(self._db.key("events", run_id), min=f"({after}-0", max="+", count=READ_PAGE),
+        )
+        rows: list[tuple[int, bytes]] = []
+        for entry_id, fields in entries:
+            seq, marker = _entry_seq(entry_id)
+            if marker:
+                return True, rows
+            rows.append((seq, fields[b"e"]))
+        return False, rows
+
+    async def read(
+        self, run_id: str, after: str = START_OFFSET, *, signal: AbortSignal | None = None, live: bool = True
+    ) -> AsyncIterator[tuple[str, Event]]:
+        position = parse_offset(check_run_id(run_id), after)
+        if position != 0:
+            _, last_seq = await self._state(run_id)
+            if position is None:
+                position = last_seq
+            elif position > last_seq:
+                raise offset_never_issued(run_id, after, last_seq)
+        watch = self._watch(run_id)
+        try:
+            while signal is None or not signal.aborted:
+                changed = watch.generation()
+                closed, rows = await self._fetch(run_id, position)
+                for seq, blob in rows:
+                    position = seq
+                    yield format_offset(run_id, seq), decode_event(blob)
+                    if signal is not None and signal.aborted:
+                        return
+                if closed or not live:
+                    return
+                if len(rows) == READ_PAGE:
+                    continue
+                if not await watch.wait(f"{position}-0", changed, signal):
+                    return
+        finally:
+            self._forget_idle(run_id)
+
+    async def snapshot(self, run_id: str, limit: int | None = None) -> list[Event]:
+        check_run_id(run_id)
+        if limit is not None and limit <= 0:
+            return []
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._db.run(
+            "snapshot", self._db.client.xrange(self._db.key("events", run_id), min="-", max="+", count=limit)
+        )
+        return [decode_event(fields[b"e"]) for entry_id, fields in entries if not _entry_seq(entry_id)[1]]
+
+    async def tail(self, run_id: str) -> str:
+        _, last_seq = await self._state(check_run_id(run_id))
+        return format_offset(run_id, last_seq)
+
+    async def close(self, run_id: str) -> None:
+        check_run_id(run_id)
+        _, log_key, events_key = self._keys(run_id)
+        await self._db.run("close log", self._db.script(_CLOSE_LUA)(keys=[log_key, events_key], args=[]))
+        watch = self._db.watches.get(events_key)
+        if watch is not None:
+            watch.notify()
+
+    async def is_closed(self, run_id: str) -> bool:
+        closed, _ = await self._state(check_run_id(run_id))
+        return closed
+
+
+def redis_run_backend(db: RedisDatabase) -> tuple[RedisRunStore, RedisEventLog]:
+    """A run store and an event log on one database, so appends are fenced on the store's epochs."""
+    return RedisRunStore(db), RedisEventLog(db)
+
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "RedisDatabase",
+    "RedisEventLog",
+    "RedisInstanceStore",
+    "RedisLease",
+    "RedisLockStore",
+    "RedisRunStore",
+    "StoreUnavailableError",
+    "open_redis",
+    "redis_run_backend",
+]
