@@ -568,7 +568,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
             print(f"image {name}  {i.reason:13s}  sandbox={i.sandbox or '-'}  {state}")
         if not found.containers and not found.images:
             print("no boxwright container or image to reap")
-    return 1 if any(c.error for c in [*found.containers, *found.images]) else 0
+    return 1 if any(c.error for c in found.containers) or any(i.error for i in found.images) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
