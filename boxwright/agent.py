@@ -26,7 +26,7 @@ from .abort import AbortSignal
 from .auth import AuthMode
 from .colocated import colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
-from .errors import DurableAttachNotSupportedError, DurableRunIdRequiredError, HalfDurableRunError
+from .errors import DurableRunIdRequiredError, HalfDurableRunError
 from .events import (
     CustomEvent,
     Event,
@@ -48,7 +48,8 @@ from .harnesses.base import (
     executable_argv,
 )
 from .harnesses.base import prompt_from_messages as _prompt_from_messages
-from .harnesses.interactive import AgentChannel, Interactive
+from .harnesses.interactive import AgentChannel, Interactive, Resumable
+from .harnesses.relay import RelayedAgent, attach_relayed_agent, start_relayed_agent
 from .host_paths import expose_host_command, host_path_env
 from .journal import (
     DEFAULT_FIRST_BYTE_TIMEOUT_MS,
@@ -443,10 +444,18 @@ async def _drive(
     held: Event | None = None
     process: SpawnHandle | None = None
     channel: AgentChannel | None = None
+    relay: RelayedAgent | None = None
 
     async def teardown() -> None:
         if channel is not None:
             await channel.close()
+        if relay is not None:
+            if signal is not None and signal.aborted and signal.reason == CANCEL_REASON and owns():
+                # A cancel stops a relayed agent here (another host's agent is no process of ours to kill);
+                # any other end leaves it to the sandbox's fate, or to a successor.
+                with contextlib.suppress(Exception):
+                    await relay.kill()
+            await relay.close()
         if process is not None:
             # Normally long gone; after an error or a cancel, the agent must not outlive the run.
             with contextlib.suppress(Exception):
@@ -483,18 +492,31 @@ async def _drive(
         interactive = isinstance(translator, Interactive)
         stdin = plan.stdin if hctx.capabilities.writable_stdin else None
         journaled: asyncio.Task[tuple[int | None, str]] | None = None
-        if interactive and journal is not None:
-            reason = "it converses with its agent over stdin; run it unjournaled"
-            raise DurableAttachNotSupportedError(harness.name, reason)
         if journal is not None:
             paths = journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle))
             caught_up: tuple[int, Callable[[], None]] | None = None
             if not journal.attach:
                 # No signal: a dropped request must not kill a durable agent; a cancel destroys the sandbox.
-                await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)
-            elif watcher is not None:
-                caught_up = (await _resume_file_events(handle, paths, journal, watcher), watcher.release)
+                if interactive:
+                    # A protocol agent's stdin must outlive this host too: see harnesses/relay.py.
+                    relay = await start_relayed_agent(handle, plan.command, paths, env=plan.env, cwd=hctx.cwd)
+                else:
+                    await start_journaled_agent(handle, plan.command, paths, stdin=stdin, env=plan.env, cwd=hctx.cwd)
+            else:
+                if interactive:
+                    relay, sent = await attach_relayed_agent(handle, paths)
+                    if isinstance(translator, Resumable):
+                        translator.resume(sent)
+                if watcher is not None:
+                    caught_up = (await _resume_file_events(handle, paths, journal, watcher), watcher.release)
+            if relay is not None and isinstance(translator, Interactive):
+                # Attached before the journal is read: a replayed request still unanswered is answered now.
+                channel = AgentChannel(relay, handle, hctx.cwd, run.queue.put_nowait, signal)
+                channel.listen(translator, only=lambda reason: reason == CANCEL_REASON)
+                translator.attach(channel)
             journaled = run.spawn(_pump_journal(handle, paths, journal, translator, run, signal, caught_up))
+            if relay is not None:
+                journaled.add_done_callback(_setter(relay.exited))
         else:
             # An interactive agent is told of a cancel first (its channel kills it after a grace period).
             process = await handle.process.spawn(
@@ -523,6 +545,8 @@ async def _drive(
                 yield event
         if journaled is not None:
             journal_exit, stderr_tail = await journaled
+            if channel is not None:
+                await channel.close()  # the conversation's tasks end with the agent
             if journal_exit is None:
                 return  # the read was stopped (cancel or detach): the agent's end is not ours to report
             exit_code = journal_exit
@@ -671,6 +695,13 @@ async def _detached_kill(process: SpawnHandle) -> None:
         raise
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(process.wait(), 5)
+
+
+def _setter(event: asyncio.Event) -> Callable[[asyncio.Task[Any]], None]:
+    def done(_task: asyncio.Task[Any]) -> None:
+        event.set()
+
+    return done
 
 
 def _events(item: Any) -> list[Event]:

@@ -70,9 +70,10 @@ DEFAULT_ORPHAN_TTL_MS = 3_600_000
 DEFAULT_MAX_DELETES = 200
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "aborted"})
 
-# The journal, its stderr sidecar, and the workspace listing taken before the agent started (see
-# ``journal_files_path``): one run's files, pruned and removed together.
-JOURNAL_SUFFIXES = (".ndjson", ".err", ".files")
+# The journal, its stderr sidecar, the workspace listing taken before the agent started (see
+# ``journal_files_path``), and an interactive agent's inbox and FIFO (``harnesses/relay.py``): one
+# run's files, pruned and removed together.
+JOURNAL_SUFFIXES = (".ndjson", ".err", ".files", ".in", ".fifo")
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
 _RESERVED = re.compile(r"(?:CON|PRN|AUX|NUL|COM[1-9]|LPT[1-9])", re.IGNORECASE)
 _HASHED_TAIL = re.compile(rf"-[0-9a-f]{{{TRUNCATION_HASH_LENGTH}}}")
@@ -386,8 +387,20 @@ def journal_files_path(paths: JournalPaths) -> str:
     return paths.journal.removesuffix(".ndjson") + ".files"
 
 
+def journal_inbox_path(paths: JournalPaths) -> str:
+    """Where a relayed (interactive) agent's stdin lines are kept, in order (private, mode 600): what the
+    client said, so a successor knows it (``harnesses/relay.py``)."""
+    return paths.journal.removesuffix(".ndjson") + ".in"
+
+
+def journal_fifo_path(paths: JournalPaths) -> str:
+    """The FIFO a relayed agent reads its stdin from; its removal asks the relay to stop the agent."""
+    return paths.journal.removesuffix(".ndjson") + ".fifo"
+
+
 def journal_cleanup_command(paths: JournalPaths) -> str:
-    return f"rm -f {quote(paths.journal)} {quote(paths.stderr)} {quote(journal_files_path(paths))}"
+    relay = f" {quote(journal_inbox_path(paths))} {quote(journal_fifo_path(paths))}"
+    return f"rm -f {quote(paths.journal)} {quote(paths.stderr)} {quote(journal_files_path(paths))}" + relay
 
 
 def journal_list_command(dir: str = DEFAULT_JOURNAL_DIR) -> str:
@@ -1123,8 +1136,10 @@ __all__ = [
     "journal_dir_of",
     "journal_exists_command",
     "journal_exit_probe_command",
+    "journal_fifo_path",
     "journal_files_path",
     "journal_follow_command",
+    "journal_inbox_path",
     "journal_list_command",
     "journal_mtime_list_command",
     "journal_paths",

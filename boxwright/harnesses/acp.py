@@ -406,6 +406,10 @@ class AcpTranslator:
         self._usage: PromptUsage | None = None
         self._cancelled = False
         self._rejected = False  # a permission was refused: an agent may then end its turn as cancelled
+        # Joining a conversation another host began (``resume``): our requests it already sent (their
+        # answers are in the journal, to be replayed) and the agent's requests it already answered.
+        self._resumed: dict[int, asyncio.Future[Any]] = {}
+        self._answered: set[int | str] = set()
         self.skipped_lines = 0
         self.real_cwd: str | None = None
 
@@ -414,6 +418,28 @@ class AcpTranslator:
     def attach(self, channel: AgentChannel) -> None:
         self._channel = channel
         channel.spawn(self._converse(channel))
+
+    def resume(self, sent: list[str]) -> None:
+        """What an earlier host sent this agent (the relay's inbox, in order): not to be sent again.
+
+        The conversation is a fixed script (initialize, session/new or load, prompt), so this host's
+        k-th request is the earlier host's k-th: it waits for that answer, which the journal replays.
+        """
+        for line in sent:
+            try:
+                message = msgspec.convert(decode_json(line, max_bytes=MAX_AGENT_LINE_BYTES), Incoming)
+            except Exception:
+                continue  # a line cut by the earlier host's death: the agent never had it whole
+            if message.method is None and message.id is not None:
+                self._answered.add(message.id)
+            elif message.method == "session/cancel":
+                self._cancelled = True
+            elif message.method is not None and isinstance(message.id, int):
+                future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                self._resumed[message.id] = future
+                self._pending[message.id] = (message.method, future)
+                if message.method == "session/load":
+                    self._replaying = True  # until its answer: the replayed old turns are not this run's
 
     def on_abort(self) -> None:
         self._cancelled = True
@@ -425,8 +451,14 @@ class AcpTranslator:
     def _call(self, method: str, params: msgspec.Struct) -> asyncio.Future[Any]:
         assert self._channel is not None
         self._next_id += 1
+        resumed = self._resumed.pop(self._next_id, None)
+        if resumed is not None:
+            return resumed  # an earlier host sent it; its answer is (or will be) in the journal
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[self._next_id] = (method, future)
+        if method == "session/load":
+            # Set here, not after the call: the answer and the replay before it may be read at once.
+            self._replaying = True
         self._channel.send(_line(RequestOut(id=self._next_id, method=method, params=params)))
         return future
 
@@ -437,11 +469,10 @@ class AcpTranslator:
             prompt = self._ctx.prompt
             if self._ctx.system_prompt:
                 prompt = f"{self._ctx.system_prompt}\n\n{prompt}"  # R4: only Claude has a flag for it
-            raw = await self._call(
+            # Its answer ends the run in ``feed`` (``_answered_call``), in the order of the agent's lines.
+            await self._call(
                 "session/prompt", PromptParams(session_id=self._session_id, prompt=[TextContent(text=prompt)])
             )
-            result = msgspec.convert(raw, PromptResult)
-            channel.emit(self._done(result))
         except AcpError as exc:
             channel.emit(self._fail(str(exc), exc.code))
         except msgspec.ValidationError as exc:
@@ -476,26 +507,23 @@ class AcpTranslator:
         where = await channel.handle.process.exec("pwd -P", ProcessOptions(cwd=channel.cwd))
         self.real_cwd = where.stdout.strip() or channel.cwd
         servers = self._mcp_servers()
+        loaded = False
         if self._ctx.session_id and init.agent_capabilities.load_session:
-            self._replaying = True  # the agent replays the old turns as updates first: not this run's output
+            # The agent replays the old turns as updates first: not this run's output (see _call).
             try:
                 await self._call(
                     "session/load",
                     LoadSessionParams(session_id=self._ctx.session_id, cwd=self.real_cwd, mcp_servers=servers),
                 )
-                self._session_id = self._ctx.session_id
+                loaded = True
             except AcpError:
                 self._session_id = None  # R38: a failed load falls back to a new session
-            finally:
-                self._replaying = False
-        if self._session_id is None:
-            created = msgspec.convert(
+        if not loaded:
+            msgspec.convert(
                 await self._call("session/new", NewSessionParams(cwd=self.real_cwd, mcp_servers=servers)),
                 NewSessionResult,
             )
-            self._session_id = created.session_id
-        announced = CustomEvent(name=f"{self._harness.label}.session-id", value={"sessionId": self._session_id})
-        channel.emit([*self._frame.start(), announced])
+        # The session id is set, and announced, by ``feed`` as the answer is read (``_answered_call``).
 
     def _mcp_servers(self) -> list[McpServerHttp]:
         bridge = self._ctx.bridge
@@ -523,15 +551,34 @@ class AcpTranslator:
                     self._update(msgspec.convert(message.params, SessionNotification).update, out)
             elif isinstance(message.id, int) and message.id in self._pending:
                 method, future = self._pending.pop(message.id)
+                if method == "session/load":
+                    self._replaying = False
                 if future.done():
                     pass
                 elif message.error is not None:
                     future.set_exception(AcpError(method, message.error.message))
                 else:
                     future.set_result(message.result)
+                    out += self._answered_call(method, message.result)
         except Exception:  # a line of an unforeseen shape must not end the run
             self.skipped_lines += 1
         return out
+
+    def _answered_call(self, method: str, result: Any) -> list[Event]:
+        """The events an answer brings, in line order: a replay (a successor's) then yields them where they were."""
+        if method in ("session/new", "session/load"):
+            if method == "session/new":
+                self._session_id = msgspec.convert(result, NewSessionResult).session_id
+            else:
+                self._session_id = self._ctx.session_id
+            name = f"{self._harness.label}.session-id"
+            return [*self._frame.start(), CustomEvent(name=name, value={"sessionId": self._session_id})]
+        if method == "session/prompt" and not self._frame.ended:
+            try:
+                return self._done(msgspec.convert(result, PromptResult))
+            except msgspec.ValidationError as exc:
+                return self._fail(f"ACP agent sent a malformed reply: {exc}", "acp_protocol_error")
+        return []
 
     def finish(self, exit_code: int, stderr_tail: str) -> list[Event]:
         for method, future in self._pending.values():
@@ -567,7 +614,9 @@ class AcpTranslator:
             error = RpcError(code=-32601, message=f"Method not found: {message.method}")
             self._reply(ErrorOut(id=request_id, error=error))
 
-    def _reply(self, message: msgspec.Struct) -> None:
+    def _reply(self, message: ResponseOut | ErrorOut) -> None:
+        if message.id in self._answered:
+            return  # an earlier host answered it (see resume): the agent has its answer
         if self._channel is not None:
             self._channel.send(_line(message))
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..abort import AbortSignal
 from ..events import Event
-from ..sandbox import SandboxHandle, SpawnHandle
+from ..sandbox import SandboxHandle, StdinWriter
 
 log = logging.getLogger("boxwright.harnesses.interactive")
 
@@ -35,12 +35,29 @@ class Interactive(Protocol):
     def on_abort(self) -> None: ...
 
 
+@runtime_checkable
+class Resumable(Protocol):
+    """An interactive translator that can join a conversation another host began (``harnesses/relay.py``)."""
+
+    def resume(self, sent: list[str]) -> None: ...
+
+
+class AgentProcess(Protocol):
+    """What the channel needs of the agent: a spawned process, or a relayed one (``harnesses/relay.py``)."""
+
+    @property
+    def stdin(self) -> StdinWriter: ...
+
+    async def wait(self) -> int: ...
+    async def kill(self, sig: int | None = None) -> None: ...
+
+
 class AgentChannel:
     """The running agent, as an interactive translator sees it: its stdin, the sandbox, the run's event queue."""
 
     def __init__(
         self,
-        process: SpawnHandle,
+        process: AgentProcess,
         handle: SandboxHandle,
         cwd: str,
         emit: Callable[[list[Event]], None],
@@ -59,12 +76,17 @@ class AgentChannel:
         self._remove_listener: Callable[[], None] | None = None
         self.spawn(self._writer())
 
-    def listen(self, translator: Interactive) -> None:
-        """Abort -> ``translator.on_abort()`` (a protocol cancel), then a kill after the grace period."""
+    def listen(self, translator: Interactive, only: Callable[[object], bool] | None = None) -> None:
+        """Abort -> ``translator.on_abort()`` (a protocol cancel), then a kill after the grace period.
+
+        ``only``: which abort reasons count (a journaled agent outlives every abort but a cancel).
+        """
         if self._signal is None:
             return
 
-        def aborted(_reason: object) -> None:
+        def aborted(reason: object) -> None:
+            if only is not None and not only(reason):
+                return
             with contextlib.suppress(Exception):
                 translator.on_abort()
             self.spawn(self._kill_after(self._grace))

@@ -265,13 +265,17 @@ def test_a_missing_agent_binary_is_one_run_error_naming_it(tmp_path: Path) -> No
     assert "no-such-agent" in error.message
 
 
-def test_a_journaled_acp_run_is_refused_before_the_agent_starts(tmp_path: Path) -> None:
+def test_a_journaled_acp_run_talks_through_the_relay_and_stops_the_agent(tmp_path: Path) -> None:
     from boxwright.agent import JournalOptions
 
     log = tmp_path / "client.ndjson"
     harness = acp([sys.executable, str(FAKE_AGENT), str(log)], name="fake-acp")
     sandbox = define_sandbox(
-        "acp", local_process_sandbox(base_dir=tmp_path / "sb"), lifecycle=Lifecycle(destroy_on_complete=True)
+        "acp",
+        local_process_sandbox(base_dir=tmp_path / "sb"),
+        define_workspace(setup=["echo hello > README.md"]),
+        policy=POLICY,  # type: ignore[arg-type]
+        lifecycle=Lifecycle(destroy_on_complete=True),
     )
 
     async def main() -> list[Event]:
@@ -281,9 +285,15 @@ def test_a_journaled_acp_run_is_refused_before_the_agent_starts(tmp_path: Path) 
         return [e async for e in run]
 
     events = asyncio.run(asyncio.wait_for(main(), 30))
-    error = events[-1]
-    assert isinstance(error, RunErrorEvent) and "cannot attach to a durable run" in error.message, error
-    assert not log.exists(), "the agent never started"
+    assert events[-1].type == "RUN_FINISHED", events[-1]
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    methods = [m.get("method") for m in sent if "method" in m]
+    assert methods == ["initialize", "session/new", "session/prompt"], "each request once, through the inbox"
+    said = _said(events)
+    assert said["read"] == {"content": "hello\n"}
+    assert said["permission"] == {"outcome": "selected", "optionId": "reject"}
+    alive = subprocess.run(["pgrep", "-f", str(log)], capture_output=True, text=True).stdout.split()
+    assert alive == [], "the relay stopped the agent (it never exits by itself)"
 
 
 def test_an_abort_sends_session_cancel_and_stops_the_agent(tmp_path: Path) -> None:
