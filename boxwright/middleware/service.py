@@ -64,6 +64,7 @@ from boxwright.runs import (
 from boxwright.secrets import redact
 from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
 from boxwright.takeover import RunClaim, align_to_stored_log, is_out_of_band, sandbox_run_driver
+from boxwright.tool_bridge import HostToolBridge
 from boxwright.tool_bridge.tools import Tool
 
 from .delivery import json_response, long_poll_response, sse_response, websocket_tail
@@ -87,6 +88,12 @@ class ServiceClosedError(RuntimeError):
     """The service is shutting down (or has shut down): it starts no run and takes none over (HTTP 503)."""
 
 
+class RunRequestRefused(ValueError):
+    """A run factory's refusal of a trigger the client can fix (an unknown profile name, ...): HTTP 400."""
+
+    code = "invalid_request"
+
+
 @dataclass(eq=False)
 class _Driven:
     """One run this process drives, started here or taken over: its in-process cancel band and its task."""
@@ -97,6 +104,8 @@ class _Driven:
     takeover: bool = False
     # Resolved once this process's insert of the record returned (won or lost): who owns the id is known.
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
+    # A takeover's claim once its lease is taken (None while it waits out another driver's lease).
+    claim_of: Callable[[], RunClaim | None] = lambda: None
 
 
 class RecordDurability:
@@ -184,16 +193,40 @@ class RunSpec:
     durable: bool = True
     # This run's file-event hooks (the seed's chat-middleware ``sandbox`` group).
     file_hooks: Sequence[RunFileHooks] = ()
+    # The harness's own session to resume (the coordinator's ``metadata.sessionId``, R4).
+    session_id: str | None = None
     # ``"colocated"``: the runner in the container drives the harness; a takeover attaches to it.
     mode: RunMode = "host-driven"
 
 
-class StartRunRequest(msgspec.Struct, rename="camel", kw_only=True):
-    """The body of ``POST /runs``."""
+@dataclass(frozen=True)
+class AttachOutcome:
+    """What ``attach`` did: ``driving`` (and the claim's epoch) or why it did not."""
 
-    prompt: str
+    driving: bool
+    reason: str | None = None
+    epoch: int | None = None
+
+
+# How long /attach waits for a run's lease before it says another live driver holds it.
+ATTACH_WAIT_S: Final = 2.0
+
+
+class StartRunRequest(msgspec.Struct, rename="camel", kw_only=True):
+    """The body of ``POST /runs``: a ``prompt``, or AG-UI ``messages`` (coordinator R1).
+
+    ``metadata`` is the client's, for the run factory only: it is never stored (R4).
+    """
+
     thread_id: str
+    prompt: str = ""
+    messages: list[Message] | None = None
+    metadata: dict[str, Any] | None = None
     run_id: str | None = None
+
+    def conversation(self) -> Sequence[Message] | str:
+        """What the agent is given: the messages when sent, else the prompt."""
+        return self.messages if self.messages else self.prompt
 
 
 RunChoice: TypeAlias = RunSpec | tuple[SandboxDefinition, Harness]
@@ -229,6 +262,7 @@ class SandboxService:
         lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
         thread_runs: ThreadRuns = "busy",
         on_close: OnClose = "detach",
+        bridge: HostToolBridge | None = None,
         runner_secret: str | None = None,
     ) -> None:
         if thread_runs not in ("busy", "queue"):
@@ -246,6 +280,9 @@ class SandboxService:
         self.lease_ttl_ms = lease_ttl_ms
         self._locks = locks
         self._store = store
+        # One tool bridge every run of this service registers on (the coordinator mounts it on its
+        # own origin); None: each run with tools starts a listener of its own.
+        self.bridge = bridge
         # Co-located runs: the replicas' shared secret the runner token is derived from (boxwright.colocated).
         self._runner_secret = runner_secret
         # The one registry: every run this process drives (started here or taken over), by id.
@@ -286,6 +323,10 @@ class SandboxService:
         """
         async with self:
             yield {STATE_KEY: self}
+
+    def stop_accepting(self) -> None:
+        """Refuse new runs and takeovers from now on (503) while the runs going here drain."""
+        self._closing = True
 
     def _spawn(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T | None]:
         """A run's task, its errors logged (``_contained``): one run's failure ends no other."""
@@ -329,6 +370,7 @@ class SandboxService:
         tools: Sequence[Tool] | None = None,
         durable: bool = True,
         file_hooks: Sequence[RunFileHooks] = (),
+        session_id: str | None = None,
         mode: RunMode = "host-driven",
     ) -> str:
         """Record the run and start driving it in the background; returns its id at once.
@@ -392,9 +434,11 @@ class SandboxService:
             thread_id=thread_id,
             run_id=run_id,
             tools=tools,
+            bridge=self.bridge,
             signal=abort.signal,
             store=self._store,
             locks=self._locks,
+            session_id=session_id,
             journal=JournalOptions(cleanup=cleanup) if durable else None,
             durability=durability,
             file_hooks=file_hooks,
@@ -580,6 +624,8 @@ class SandboxService:
                 thread_id=tid,
                 run_id=rid,
                 tools=spec.tools,
+                bridge=self.bridge,
+                session_id=spec.session_id,
                 # The claim's signal, and this process's cancel band (cancel_run reaches a takeover too).
                 signal=AbortSignal.any([signal, entry.abort.signal]),
                 store=self._store,
@@ -597,6 +643,7 @@ class SandboxService:
         driver = sandbox_run_driver(
             self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms, after_terminal=cleanup
         )
+        entry.claim_of = lambda: driver.held_claim(run_id)
         try:
             entry.task = self._spawn(driver.resume(run_id), f"boxwright takeover {run_id!r}")
         except ServiceClosedError:
@@ -604,6 +651,45 @@ class SandboxService:
             return False
         entry.task.add_done_callback(functools.partial(self._forget, run_id, entry))
         return True
+
+    async def attach(self, run_id: str, *, wait_s: float = ATTACH_WAIT_S) -> AttachOutcome:
+        """``POST /runs/{id}/attach``: adopt ``run_id`` if nobody drives it (R28, R40); never raises.
+
+        A run that is unknown, terminal, cancel-requested or driven here is not driven again; one
+        whose lease another live driver holds past ``wait_s`` is left to it (the waiting takeover
+        is withdrawn, so the answer stays true). The log is never touched here.
+        """
+        record = await self.runs.get(check_run_id(run_id))
+        if record is None:
+            return AttachOutcome(False, reason="unknown-run")
+        if is_terminal_status(record.status):
+            return AttachOutcome(False, reason="terminal")
+        if record.cancel_requested is True:
+            return AttachOutcome(False, reason="cancel-requested")
+        if run_id in self._here:
+            return AttachOutcome(False, reason="driven-here", epoch=record.driver_epoch)
+        try:
+            started = await self.take_over_if_orphaned(run_id)
+        except Exception as exc:
+            log.warning("run %r: attach could not take it over: %s", run_id, redact(f"{type(exc).__name__}: {exc}"))
+            return AttachOutcome(False, reason="takeover-failed")
+        entry = self._here.get(run_id)
+        if not started or entry is None or entry.task is None:
+            return AttachOutcome(False, reason="not-adoptable")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        # The claim is taken inside the takeover driver, which signals nothing: a short poll, bounded.
+        while (claim := entry.claim_of()) is None and not entry.task.done() and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if claim is not None:
+            return AttachOutcome(True, epoch=claim.epoch)
+        if not entry.task.done():
+            entry.task.cancel()  # still waiting for a live lease: nothing was claimed, nothing written
+            await asyncio.wait({entry.task})
+            claim = entry.claim_of()
+            if claim is not None:  # claimed as it was withdrawn: detached again, another attach adopts it
+                return AttachOutcome(False, reason="withdrawn", epoch=claim.epoch)
+        return AttachOutcome(False, reason="lease-held")
 
     async def poll_response(self, run_id: str, request: Request) -> Response:
         """Long-poll page of ``run_id`` after ``?offset=``; an orphaned run is taken over first, as for SSE."""
@@ -683,8 +769,10 @@ def _decode_trigger(request: Request, raw: bytes) -> StartRunRequest | Response:
         return _error(400, f"invalid body: {exc}", "invalid_body")
     except msgspec.DecodeError:
         return _error(400, "body must be valid JSON", "invalid_body")
-    if not body.prompt.strip():
-        return _error(400, "prompt must be a non-empty string", "invalid_body")
+    if body.messages is not None and not body.messages:
+        return _error(400, "messages must be a non-empty list of message objects", "invalid_body")
+    if body.messages is None and not body.prompt.strip():
+        return _error(400, "prompt must be a non-empty string (or send messages)", "invalid_body")
     header = request.headers.get("x-run-id")
     run_id = header or body.run_id
     try:
@@ -711,7 +799,8 @@ def _refuse_run_id(run_id: str) -> Response | None:
 
 def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
     """Routes over ``service``: ``POST /runs``, ``GET /runs/{id}``, ``GET /runs/{id}/events`` (SSE),
-    ``GET /runs/{id}/poll`` (long-poll), ``WS /runs/{id}/ws``, ``POST /runs/{id}/cancel``.
+    ``GET /runs/{id}/poll`` (long-poll), ``WS /runs/{id}/ws`` (and ``/stream``), ``POST /runs/{id}/cancel``,
+    ``POST /runs/{id}/attach``, ``GET /threads/{t}/active``, ``POST /threads/{t}/cancel``.
 
     Mount them behind the app's own authentication: they authorize nothing themselves.
     """
@@ -730,12 +819,13 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
             run_id = await service.start_run(
                 spec.sandbox,
                 spec.harness,
-                body.prompt,
+                body.conversation(),
                 thread_id=body.thread_id,
                 run_id=body.run_id,
                 tools=spec.tools,
                 durable=spec.durable,
                 file_hooks=spec.file_hooks,
+                session_id=spec.session_id,
                 mode=spec.mode,
             )
         except RunThreadMismatchError as exc:
@@ -747,7 +837,7 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
             return _error(503, str(exc), "service_closed")
         except ThreadBusyError as exc:
             return json_response(409, {"error": str(exc), "code": "thread_busy", "activeRunId": exc.active_run_id})
-        except (InvalidRunIdError, InvalidThreadIdError) as exc:
+        except (InvalidRunIdError, InvalidThreadIdError, RunRequestRefused) as exc:
             return _error(400, str(exc), exc.code)
         except Exception as exc:
             log.error("could not start a run: %s", redact(f"{type(exc).__name__}: {exc}"))
@@ -798,22 +888,66 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         requested = after is None or after.cancel_requested is True
         return json_response(202, {"runId": run_id, "cancelRequested": requested})
 
+    async def attach(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        refused = _refuse_run_id(run_id)
+        if refused is not None:
+            return refused
+        outcome = await service.attach(run_id)
+        if outcome.reason == "unknown-run":
+            return _error(404, "unknown run", "unknown_run")
+        if outcome.driving:
+            return json_response(202, {"driving": True, "epoch": outcome.epoch})
+        return json_response(200, {"driving": False, "reason": outcome.reason})
+
+    def _thread(request: Request) -> str | Response:
+        thread_id = request.path_params["thread_id"]
+        try:
+            return check_thread_id(thread_id)
+        except InvalidThreadIdError as exc:
+            return _error(400, f"invalid thread id: {exc}", exc.code)
+
+    async def thread_active(request: Request) -> Response:
+        thread_id = _thread(request)
+        if isinstance(thread_id, Response):
+            return thread_id
+        active = await service.runs.find_active_run(thread_id)
+        return json_response(200, {"runId": active.run_id if active is not None else None})
+
+    async def thread_cancel(request: Request) -> Response:
+        thread_id = _thread(request)
+        if isinstance(thread_id, Response):
+            return thread_id
+        active = await service.runs.find_active_run(thread_id)
+        if active is None:
+            return Response(status_code=204)
+        after = await service.cancel_run(active.run_id)
+        requested = after is None or after.cancel_requested is True
+        return json_response(202, {"runId": active.run_id, "cancelRequested": requested})
+
     return [
         Route("/runs", trigger, methods=["POST"]),
         Route("/runs/{run_id}", record, methods=["GET"]),
         Route("/runs/{run_id}/events", events, methods=["GET"]),
         Route("/runs/{run_id}/poll", poll, methods=["GET"]),
         WebSocketRoute("/runs/{run_id}/ws", tail),
+        # One path, two protocols: a WebSocket upgrade tails the run (coordinator R12), HTTP is Durable Streams.
+        WebSocketRoute("/runs/{run_id}/stream", tail),
         Route("/runs/{run_id}/stream", stream, methods=["GET", "HEAD", "PUT", "POST", "DELETE"]),
         Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+        Route("/runs/{run_id}/attach", attach, methods=["POST"]),
+        Route("/threads/{thread_id}/active", thread_active, methods=["GET"]),
+        Route("/threads/{thread_id}/cancel", thread_cancel, methods=["POST"]),
     ]
 
 
 __all__ = [
+    "AttachOutcome",
     "OnClose",
     "RecordDurability",
     "RunChoice",
     "RunFactory",
+    "RunRequestRefused",
     "RunSpec",
     "SandboxMiddleware",
     "SandboxService",

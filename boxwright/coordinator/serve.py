@@ -1,0 +1,83 @@
+"""``boxwright serve``: one coordinator replica under uvicorn.
+
+Several replicas given one store URL are one coordinator: any of them takes a trigger, serves
+any run's tails, and adopts a run whose replica went away. A config comes from
+``--config MODULE:ATTR`` (a ``CoordinatorConfig``, or a callable returning one), else from the
+command line's provider and harnesses. Secrets come from the environment, never from argv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import sys
+from typing import Any, Final
+
+import uvicorn
+
+from .app import create_coordinator_app
+from .config import CoordinatorConfig
+
+CLIENT_TOKEN_ENV: Final = "BOXWRIGHT_CLIENT_TOKEN"
+ADMIN_TOKEN_ENV: Final = "BOXWRIGHT_ADMIN_TOKEN"
+PUBLIC_ORIGIN_ENV: Final = "BOXWRIGHT_PUBLIC_ORIGIN"
+STORE_ENV: Final = "BOXWRIGHT_STORE"
+# Open SSE tails would hold a graceful shutdown forever: they get this long, then the lifespan drains.
+GRACEFUL_SHUTDOWN_S: Final = 3
+
+
+class ConfigLoadError(ValueError):
+    pass
+
+
+def load_config(spec: str) -> CoordinatorConfig:
+    """``MODULE:ATTR`` -> the ``CoordinatorConfig`` it names (called first if it is a callable)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigLoadError(f"--config {spec!r}: expected MODULE:ATTR (a CoordinatorConfig or a function)")
+    try:
+        value: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigLoadError(f"--config {spec!r}: {exc}") from exc
+    if callable(value) and not isinstance(value, CoordinatorConfig):
+        value = value()
+    if not isinstance(value, CoordinatorConfig):
+        raise ConfigLoadError(f"--config {spec!r} gave a {type(value).__name__}, not a CoordinatorConfig")
+    return value
+
+
+def with_overrides(config: CoordinatorConfig, **given: Any) -> CoordinatorConfig:
+    """``config`` with what the command line and environment set (a given ``None`` changes nothing)."""
+    env = {
+        "client_token": os.environ.get(CLIENT_TOKEN_ENV),
+        "admin_token": os.environ.get(ADMIN_TOKEN_ENV),
+        "public_origin": os.environ.get(PUBLIC_ORIGIN_ENV),
+        "store_url": os.environ.get(STORE_ENV),
+    }
+    chosen = {k: v for k, v in given.items() if v is not None}
+    changes: dict[str, Any] = dict(chosen)
+    for name, value in env.items():
+        if value and name not in chosen and getattr(config, name) in (None, ""):
+            changes[name] = value
+    return dataclasses.replace(config, **changes)
+
+
+def serve_coordinator(config: CoordinatorConfig, host: str, port: int) -> None:
+    """Serve ``config`` on ``host:port`` until SIGINT/SIGTERM (then: drain, release, exit)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    app = create_coordinator_app(config)
+    # No access log: a WebSocket ticket rides in the query string and must never be logged (S6).
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+
+
+__all__ = ["ConfigLoadError", "load_config", "serve_coordinator", "with_overrides"]

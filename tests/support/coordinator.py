@@ -1,0 +1,217 @@
+"""Coordinator replicas as real processes (``boxwright serve --config tests.support.coordinator:test_config``).
+
+    with coordinators(CoordinatorProcess("a", db, base, agent), ...) as (a, ...):
+        a.post("/runs", {...})
+
+Every process started over the same store URL (default: a SQLite file) is one coordinator.
+``test_config`` reads its knobs from the environment the helper sets: the agent (a shell command
+run by the command harness in a local-process sandbox under ``BWT_BASE_DIR``), the lease, the
+watchdog. Its tool ``record_call`` appends its arguments to ``BWT_TOOL_LOG``, so a test sees
+whether a callback ran anything; the ``bridge-env`` harness hands the agent its bridge URL and
+token (``BOXWRIGHT_BRIDGE_URL`` / ``BOXWRIGHT_BRIDGE_TOKEN``) so a shell agent can call it.
+A later chaos test or bench starts replicas over ``redis://`` with ``store=``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from boxwright.coordinator import CoordinatorConfig
+from boxwright.harnesses.base import HarnessContext, HarnessPlan
+from boxwright.harnesses.command import CommandHarness
+from boxwright.tool_bridge.tools import Tool, ToolContext, define_tool
+from tests.support.replicas import ROOT, free_port
+
+CLIENT_TOKEN = "test-client-token-" + "x" * 16
+ADMIN_TOKEN = "test-admin-token-" + "y" * 16
+
+
+@dataclass(frozen=True)
+class BridgeEnvHarness(CommandHarness):
+    """The command harness, with the run's bridge URL and token in the agent's env (tests only)."""
+
+    name: str = "command"
+
+    def plan(self, ctx: HarnessContext) -> HarnessPlan:
+        plan = super().plan(ctx)
+        if ctx.bridge is not None:
+            plan.env.update({"BOXWRIGHT_BRIDGE_URL": ctx.bridge.url, "BOXWRIGHT_BRIDGE_TOKEN": ctx.bridge.token})
+        return plan
+
+
+def _record_call_tool(path: str) -> Tool:
+    async def record(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        with open(path, "a") as out:
+            out.write(json.dumps({"runId": ctx.run_id, "args": args}) + "\n")
+        return {"recorded": True, "echo": args.get("text")}
+
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    return define_tool("record_call", "Record that it was called (a test probe).", schema, record)
+
+
+def test_config() -> CoordinatorConfig:
+    """The config a test coordinator process serves (knobs from ``BWT_*`` environment variables)."""
+    from boxwright.definition import define_sandbox
+    from boxwright.providers import local_process_sandbox
+
+    env = os.environ
+    agent = env["BWT_AGENT"]
+    sandbox = define_sandbox("coordinator-test", local_process_sandbox(base_dir=env["BWT_BASE_DIR"]))
+    return CoordinatorConfig(
+        sandboxes={"local": sandbox},
+        harnesses={"command": CommandHarness(command=agent), "bridge-env": BridgeEnvHarness(command=agent)},
+        tools=[_record_call_tool(env["BWT_TOOL_LOG"])],
+        lease_ttl_ms=int(env.get("BWT_LEASE_MS", "1500")),
+        inactivity_timeout=float(env.get("BWT_INACTIVITY_S", "0")),
+        watchdog_interval=float(env.get("BWT_WATCHDOG_S", "30")),
+        sweep_interval=float(env.get("BWT_SWEEP_S", "0")),
+        drain_timeout=float(env.get("BWT_DRAIN_S", "25")),
+    )
+
+
+test_config.__test__ = False  # type: ignore[attr-defined]  # not a pytest test, whatever its name
+
+
+class CoordinatorProcess:
+    """One ``boxwright serve`` process; ``kill`` is SIGKILL, ``terminate`` SIGTERM (a graceful stop)."""
+
+    def __init__(
+        self,
+        name: str,
+        tmp: Path,
+        agent: str,
+        *,
+        store: str | None = None,
+        lease_ms: int = 1500,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        startup_s: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.tmp = tmp
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.store = store or f"sqlite:///{tmp / 'coordinator.db'}"
+        self.tool_log = tmp / "tool-calls.ndjson"
+        self.stderr_path = tmp / f"{name}.stderr"
+        self._stderr = open(self.stderr_path, "ab")  # closed in close()
+        argv = [sys.executable, "-m", "boxwright", "serve", "--config", "tests.support.coordinator:test_config"]
+        argv += ["--store", self.store, "--host", "127.0.0.1", "--port", str(self.port)]
+        full_env = {
+            **os.environ,
+            "BWT_AGENT": agent,
+            "BWT_BASE_DIR": str(tmp / "sandboxes"),
+            "BWT_TOOL_LOG": str(self.tool_log),
+            "BWT_LEASE_MS": str(lease_ms),
+            "BOXWRIGHT_CLIENT_TOKEN": CLIENT_TOKEN,
+            "BOXWRIGHT_ADMIN_TOKEN": ADMIN_TOKEN,
+            **(env or {}),
+        }
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr, env=full_env)
+        deadline = time.monotonic() + startup_s
+        while True:
+            if self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"coordinator {name} exited ({self.proc.returncode}): {self.stderr()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"coordinator {name} did not answer /healthz in {startup_s} s: {self.stderr()}")
+            time.sleep(0.05)
+
+    @staticmethod
+    def headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {CLIENT_TOKEN}", **(extra or {})}
+
+    def post(self, path: str, body: Any = None, headers: dict[str, str] | None = None) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, headers=self.headers(headers), timeout=30)
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
+        return httpx.get(self.url + path, headers=self.headers(headers), timeout=30)
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        if not self.tool_log.exists():
+            return []
+        return [json.loads(line) for line in self.tool_log.read_text().splitlines() if line.strip()]
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self._stderr.close()
+
+
+@contextlib.contextmanager
+def coordinators(*made: CoordinatorProcess) -> Iterator[tuple[CoordinatorProcess, ...]]:
+    try:
+        yield made
+    finally:
+        for process in made:
+            process.close()
+
+
+def run_id_for(tmp: Path, label: str) -> str:
+    return f"{label}-{tmp.name[-10:]}-{secrets.token_hex(3)}"
+
+
+def sse_events(
+    base: str, run_id: str, thread_id: str, *, last_event_id: str | None = None, limit: int | None = None,
+    timeout: float = 60,
+) -> list[tuple[str | None, str | None, str]]:
+    """``(event, id, data)`` of an SSE tail, until the status event (or ``limit`` data events)."""
+    headers = CoordinatorProcess.headers({"Last-Event-ID": last_event_id} if last_event_id else None)
+    out: list[tuple[str | None, str | None, str]] = []
+    event: str | None = None
+    ident: str | None = None
+    data: list[str] = []
+    url = f"{base}/runs/{run_id}/events"
+    with httpx.stream(
+        "GET", url, params={"threadId": thread_id}, headers=headers, timeout=httpx.Timeout(10, read=timeout)
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                continue
+            if not line:
+                if data or event:
+                    out.append((event, ident, "\n".join(data)))
+                    if event == "status" or (limit is not None and len(out) >= limit):
+                        return out
+                event, ident, data = None, None, []
+                continue
+            field_name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field_name == "event":
+                event = value
+            elif field_name == "id":
+                ident = value
+            elif field_name == "data":
+                data.append(value)
+    return out
