@@ -63,7 +63,16 @@ from boxwright.errors import (
     RunAlreadyDrivenError,
     RunExistsError,
 )
-from boxwright.events import EVENT_TYPES, CustomEvent, Event, RunErrorEvent, RunFinishedEvent, TokenUsage, now_ms
+from boxwright.events import (
+    EVENT_TYPES,
+    CustomEvent,
+    Event,
+    RunErrorEvent,
+    RunFinishedEvent,
+    RunStartedEvent,
+    TokenUsage,
+    now_ms,
+)
 
 log = logging.getLogger("boxwright.runs")
 
@@ -418,6 +427,11 @@ class _Pump:
         self.stopped = False  # nothing more may be appended: the log refused or failed
         self.fenced = False  # a successor driver owns the run: write nothing, close nothing
         self.log_closed = False
+        # The AG-UI envelope of the log, kept here, its one writer, so every reader (the AG-UI client's
+        # verifier among them) sees RUN_STARTED first and nothing after the terminal event.
+        self.announce = False  # a fresh log: RUN_STARTED + run.accepted go first, with the first event
+        self.run_started = False  # the log holds its RUN_STARTED: a later one from the stream is dropped
+        self.terminal: RunFinishedEvent | RunErrorEvent | None = None  # the stream's end, once pulled
 
     # -- the stream side --
 
@@ -431,16 +445,27 @@ class _Pump:
             self.note_abort(signal.reason)
             await _close_stream(stream, self)
             return
-        # A fresh run announces itself; a successor's log already holds the announcement.
-        if await self.log_is_empty():
-            accepted = CustomEvent(
-                name=RUN_ACCEPTED_EVENT, value={"runId": self.run_id, "threadId": self.thread_id}, timestamp=now_ms()
-            )
-            await self.append([accepted])
-        if self.stopped:
-            await _close_stream(stream, self)
-            return
+        # A fresh run announces itself (with its first event, see ``announcement``); a successor's log
+        # already holds the announcement and the run's RUN_STARTED.
+        self.announce = await self.log_is_empty()
+        self.run_started = not self.announce
         await self.pump(stream, signal)
+
+    def announcement(self, first: Event | None) -> list[Event]:
+        """What a fresh log starts with: RUN_STARTED (the stream's own when it comes first), then run.accepted.
+
+        AG-UI clients verify that a run's first event is RUN_STARTED, so the announcement that
+        lets a client joining during a slow start find the log comes right after it.
+        """
+        self.announce = False
+        self.run_started = True
+        started = first if isinstance(first, RunStartedEvent) else None
+        if started is None:
+            started = RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id, timestamp=now_ms())
+        accepted = CustomEvent(
+            name=RUN_ACCEPTED_EVENT, value={"runId": self.run_id, "threadId": self.thread_id}, timestamp=now_ms()
+        )
+        return [started, accepted]
 
     async def log_is_empty(self) -> bool:
         try:
@@ -472,13 +497,13 @@ class _Pump:
                 try:
                     await self.pull_all(puller, signal, abort_waiter)
                 except Exception as exc:  # caught here: out of the group it would be an ExceptionGroup
-                    self.note_failure(RunError(message=_describe(exc), code=_error_code(exc)))
+                    self.note_stream_failure(exc)
                 finally:
                     if abort_waiter is not None and abort_waiter.done():
                         pulling.cancel()  # an abort interrupts the pull in flight, as it always did
                     puller.stop()
         except Exception as exc:
-            self.note_failure(RunError(message=_describe(exc), code=_error_code(exc)))
+            self.note_stream_failure(exc)
         finally:
             remove_listener()
             if iterator is not None:
@@ -505,6 +530,19 @@ class _Pump:
                 message = f"the event stream yielded a {type(event).__name__}, not an AG-UI event"
                 self.note_failure(RunError(message=message, code="invalid-event"))
                 return
+            if self.terminal is not None:
+                # AG-UI: nothing follows a run's end. The stream is still pulled to its own end (its
+                # teardown and journal cleanup run there), but what it yields now is not the run's.
+                _log(self.logger, logging.DEBUG, "run %r: %s after the terminal event dropped", self.run_id, event.type)
+                continue
+            if self.announce:
+                self.buffer.extend(self.announcement(event))
+                if isinstance(event, RunStartedEvent):
+                    await self.flush()
+                    continue
+            elif isinstance(event, RunStartedEvent) and self.run_started:
+                continue  # the log's RUN_STARTED opened the run; a second one would start another run
+            self.run_started = True
             self.observe(event)
             self.buffer.append(event)
             if len(self.buffer) >= DURABILITY_BATCH or event.type in FLUSH_EVENT_TYPES:
@@ -512,6 +550,12 @@ class _Pump:
 
     async def next_event(self, puller: Puller[Event], abort_waiter: asyncio.Future[object] | None) -> Event:
         pending = puller.next()
+        if self.announce and not pending.done():
+            await asyncio.sleep(0)
+            if not pending.done():
+                # A slow first event (provisioning, a queue): the log must exist for readers meanwhile.
+                self.buffer.extend(self.announcement(None))
+                await self.flush()
         if self.buffer and not pending.done():
             await asyncio.sleep(0)  # one step for the producer: is its next event already there?
             if not pending.done():
@@ -533,6 +577,8 @@ class _Pump:
         return item
 
     def observe(self, event: Event) -> None:
+        if isinstance(event, (RunErrorEvent, RunFinishedEvent)):
+            self.terminal = event
         if isinstance(event, RunErrorEvent):
             error = RunError(message=event.message, code=event.code)
             if event.code in ABORT_ERROR_CODES:
@@ -549,9 +595,17 @@ class _Pump:
         if self.failure is None:
             self.failure = error
 
-    def note_abort(self, reason: object) -> None:
-        if self.abort is not None:
+    def note_stream_failure(self, exc: Exception) -> None:
+        if self.terminal is not None:
+            # The run had ended (its terminal event is the verdict readers got): a later raise,
+            # in the stream's own teardown, changes neither its status nor its log.
+            _log(self.logger, logging.WARNING, "run %r: its stream raised after its end: %s", self.run_id, exc)
             return
+        self.note_failure(RunError(message=_describe(exc), code=_error_code(exc)))
+
+    def note_abort(self, reason: object) -> None:
+        if self.abort is not None or self.terminal is not None:
+            return  # a stop that comes after the run's end does not make it aborted
         if reason == RUN_CANCEL_REASON:
             self.abort = RunError(message="the run was cancelled", code=RUN_CANCELLED_CODE)
         else:
@@ -590,8 +644,8 @@ class _Pump:
     async def append_closing_error(self) -> None:
         """The RUN_ERROR that tells readers an early end; tried once, also after a failed append (R48)."""
         error = self.failure or self.abort
-        # A RUN_FINISHED does not count as the end: tool-calling runs emit intermediate ones.
-        if error is None or self.fenced or self.log_closed or self.last_type == "RUN_ERROR":
+        # After the run's terminal event (RUN_FINISHED or RUN_ERROR) nothing more goes into its log.
+        if error is None or self.fenced or self.log_closed or self.last_type in ("RUN_ERROR", "RUN_FINISHED"):
             return
         event = RunErrorEvent(
             message=error.message, code=error.code, run_id=self.run_id, thread_id=self.thread_id, timestamp=now_ms()
@@ -636,6 +690,8 @@ class _Pump:
                     driver_epoch=self.epoch,
                 )
             )
+        if self.announce and not self.fenced:
+            await self.append(self.announcement(None))  # a stream that ended before its first event
         await self.append_closing_error()
         status: RunStatus = "failed" if self.failure else "aborted" if self.abort else "completed"
         error = self.failure or self.abort
@@ -725,8 +781,12 @@ async def pipe_to_run_log(
 ) -> RunRecord:
     """Drive ``stream`` into ``run_id``'s log and record; returns the final record and never raises.
 
-    - The record is created (or resumed) first; then a ``CUSTOM run.accepted`` event is appended
-      alone, so a client joining during a slow start finds the log.
+    - The record is created (or resumed) first. A fresh log starts with the run's RUN_STARTED
+      (the stream's own when it comes first, else one made here) and a ``CUSTOM run.accepted``,
+      appended at once if the stream's first event is slow, so a client joining during a slow
+      start finds the log; a later RUN_STARTED from the stream is dropped, and so is anything it
+      yields after its terminal event (RUN_FINISHED or RUN_ERROR): AG-UI clients verify both.
+      A stop or a raise that comes after the terminal event changes neither status nor log.
     - Events are appended in batches of up to 32, cut early at RUN_STARTED, RUN_FINISHED,
       RUN_ERROR and TOOL_CALL_END, and whenever the stream has nothing ready (so a pause in the
       agent never holds events back from readers). A batch is never retried.
@@ -735,7 +795,7 @@ async def pipe_to_run_log(
       abort) ends it ``aborted``; ``signal`` (checked before each pull, and raced against a pull
       that waits) ends it ``aborted`` (``code="cancelled"`` for ``RUN_CANCEL_REASON``); otherwise
       ``completed``. An
-      early end appends a closing RUN_ERROR unless the last event landed already was one; if that
+      early end appends a closing RUN_ERROR unless the last event landed was terminal; if that
       append fails, its error is added to the message (``; append: ...``).
     - Then the status is written (fenced at ``epoch``) and the log closed, each guarded. A failed
       write returns a record rebuilt locally. With ``epoch``, a driver found superseded (by the

@@ -252,11 +252,12 @@ def test_a37_completed_run_appends_everything_and_closes_once():
     record, stored, log = run(scenario())
     assert record.status == "completed" and record.error is None and record.finished_at is not None
     assert record.run_id == "r-1" and record.thread_id == "t-1"
-    # A33/R38: the first stored event is run.accepted, appended on its own.
-    assert isinstance(stored[0], ev.CustomEvent) and stored[0].name == RUN_ACCEPTED_EVENT
-    assert stored[0].value == {"runId": "r-1", "threadId": "t-1"}
-    assert log.batches[0] == ["CUSTOM"]
-    assert stored[1:] == [STARTED, *(text(i) for i in range(3)), FINISHED]
+    # A33/R38, in AG-UI order (issue 18): the run's RUN_STARTED, then run.accepted, appended together.
+    assert stored[0] == STARTED
+    assert isinstance(stored[1], ev.CustomEvent) and stored[1].name == RUN_ACCEPTED_EVENT
+    assert stored[1].value == {"runId": "r-1", "threadId": "t-1"}
+    assert log.batches[0] == ["RUN_STARTED", "CUSTOM"]
+    assert stored[2:] == [*(text(i) for i in range(3)), FINISHED]
     assert log.closes == 1
 
 
@@ -277,10 +278,11 @@ def test_r38_batches_of_32_cut_early_at_boundary_events():
 
     batches, stored, items = run(scenario())
     sizes = [len(b) for b in batches]
-    # accepted | RUN_STARTED | 32 | 32 | 6 text + TOOL_CALL_START + TOOL_CALL_END | 3 text + RUN_FINISHED
-    assert sizes == [1, 1, DURABILITY_BATCH, DURABILITY_BATCH, 8, 4]
-    assert batches[1] == ["RUN_STARTED"] and batches[4][-1] == "TOOL_CALL_END" and batches[5][-1] == "RUN_FINISHED"
-    assert stored[1:] == items
+    # RUN_STARTED + accepted | 32 | 32 | 6 text + TOOL_CALL_START + TOOL_CALL_END | 3 text + RUN_FINISHED
+    assert sizes == [2, DURABILITY_BATCH, DURABILITY_BATCH, 8, 4]
+    assert batches[0] == ["RUN_STARTED", "CUSTOM"] and batches[3][-1] == "TOOL_CALL_END"
+    assert batches[4][-1] == "RUN_FINISHED"
+    assert [stored[0], *stored[2:]] == items
 
 
 def test_r38_a_pausing_producer_never_holds_events_back():
@@ -298,7 +300,7 @@ def test_r38_a_pausing_producer_never_holds_events_back():
         seen = []
         async for _, event in log.read("r-1", "-1"):
             seen.append(event)
-            if len(seen) == 4:
+            if len(seen) == 5:
                 break
         delivered_while_paused = list(seen)
         release.set()
@@ -306,7 +308,8 @@ def test_r38_a_pausing_producer_never_holds_events_back():
         return delivered_while_paused, record
 
     delivered, record = run(scenario())
-    assert types(delivered) == ["CUSTOM", *["TEXT_MESSAGE_CONTENT"] * 3]
+    # A stream that does not start with RUN_STARTED gets one: AG-UI clients verify the first event.
+    assert types(delivered) == ["RUN_STARTED", "CUSTOM", *["TEXT_MESSAGE_CONTENT"] * 3]
     assert record.status == "completed"
 
 
@@ -325,7 +328,7 @@ def test_a38_raising_stream_appends_a_run_error_and_fails():
     record, stored, stored_record, log = run(scenario())
     assert record.status == "failed" and record.error == RunError(message="model API returned 500")
     assert stored_record == record
-    assert types(stored) == ["CUSTOM", "RUN_STARTED", "TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
+    assert types(stored) == ["RUN_STARTED", "CUSTOM", "TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
     assert stored[-1].message == "model API returned 500" and stored[-1].run_id == "r-1"
     assert log.closes == 1
 
@@ -347,19 +350,34 @@ def test_a38_run_error_event_keeps_its_code_and_is_not_doubled():
     assert types(stored).count("RUN_ERROR") == 1 and stored[-1].code == "429"
 
 
-def test_a_failure_after_an_intermediate_run_finished_still_ends_the_log_with_run_error():
+def test_nothing_follows_the_terminal_event_and_a_raise_after_it_changes_nothing():
+    """AG-UI (issue 18): a run's RUN_FINISHED is its end; a client's verifier refuses any event after it."""
+
     async def scenario():
         runs, log = backend()
 
         async def producer():
             yield STARTED
-            yield FINISHED  # tool-calling runs emit intermediate RUN_FINISHED events
-            raise ConnectionError("agent died")
+            yield FINISHED
+            yield text(0)  # not the run's any more: dropped
+            yield ev.RunStartedEvent(thread_id="t-1", run_id="r-1")
+            raise ConnectionError("agent died in its teardown")
 
         return await pipe_to_run_log(producer(), runs, log, "r-1", "t-1"), await log.snapshot("r-1")
 
     record, stored = run(scenario())
-    assert record.status == "failed" and types(stored)[-2:] == ["RUN_FINISHED", "RUN_ERROR"]
+    assert record.status == "completed" and types(stored) == ["RUN_STARTED", "CUSTOM", "RUN_FINISHED"]
+
+
+def test_a_second_run_started_from_the_stream_is_dropped():
+    async def scenario():
+        runs, log = backend()
+        items = [text(0), STARTED, text(1), FINISHED]
+        return await pipe_to_run_log(stream_of(items), runs, log, "r-1", "t-1"), await log.snapshot("r-1")
+
+    record, stored = run(scenario())
+    assert record.status == "completed"
+    assert types(stored) == ["RUN_STARTED", "CUSTOM", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT", "RUN_FINISHED"]
 
 
 def test_usage_from_run_finished_is_recorded():
@@ -414,7 +432,7 @@ def test_a39_abort_mid_stream_keeps_earlier_events_and_stops_a_waiting_producer(
 
     record, stored, producer_closed = run(scenario())
     assert record.status == "aborted"
-    assert types(stored) == ["CUSTOM", "RUN_STARTED", "TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
+    assert types(stored) == ["RUN_STARTED", "CUSTOM", "TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
     assert producer_closed
 
 
@@ -478,13 +496,13 @@ def test_a40_failing_create_close_and_get_never_raise():
     record, stored, closes = run(scenario())
     # No record could be created, so the update finds none: the local record is returned.
     assert record.status == "completed" and record.run_id == "r-1"
-    assert types(stored) == ["CUSTOM", "RUN_STARTED", "RUN_FINISHED"] and closes == 1
+    assert types(stored) == ["RUN_STARTED", "CUSTOM", "RUN_FINISHED"] and closes == 1
 
 
 def test_a40_failing_append_fails_the_run_without_duplicates():
     async def scenario():
         runs, log = backend()
-        log.fail_appends_from = 2  # accepted and RUN_STARTED land, then every append fails
+        log.fail_appends_from = 1  # RUN_STARTED and accepted land, then every append fails
         pulled = []
 
         async def producer():
@@ -498,11 +516,11 @@ def test_a40_failing_append_fails_the_run_without_duplicates():
 
     record, stored, log, pulled, stored_record = run(scenario())
     assert record.status == "failed" and stored_record.status == "failed"
-    assert record.error.code == "log-error" and "disk full (append #2)" in record.error.message
+    assert record.error.code == "log-error" and "disk full (append #1)" in record.error.message
     # R48: the recovery RUN_ERROR failed too; its error is added to the message, the original stays first.
-    assert record.error.message.index("append #2") < record.error.message.index("; append: disk full (append #3)")
-    assert types(stored) == ["CUSTOM", "RUN_STARTED"]  # nothing duplicated, nothing after the failure
-    assert log.calls == 4 and log.closes == 1
+    assert record.error.message.index("append #1") < record.error.message.index("; append: disk full (append #2)")
+    assert types(stored) == ["RUN_STARTED", "CUSTOM"]  # nothing duplicated, nothing after the failure
+    assert log.calls == 3 and log.closes == 1
     assert len(pulled) <= DURABILITY_BATCH + 1  # the stream stopped being pulled
 
 
@@ -513,7 +531,7 @@ def test_a40_failing_append_then_recovery_append_lands():
         original = log.inner.append
 
         async def flaky(run_id, events, *, epoch=None):
-            if len(events) > 1 and fail_once["left"]:
+            if len(events) > 2 and fail_once["left"]:  # the announcement (2 events) lands
                 fail_once["left"] -= 1
                 raise OSError("transient")
             return await original(run_id, events, epoch=epoch)
@@ -525,7 +543,7 @@ def test_a40_failing_append_then_recovery_append_lands():
 
     record, stored = run(scenario())
     assert record.status == "failed" and record.error.message == "could not append to the event log: transient"
-    assert types(stored) == ["CUSTOM", "RUN_STARTED", "RUN_ERROR"]
+    assert types(stored) == ["RUN_STARTED", "CUSTOM", "RUN_ERROR"]
     assert stored[-1].code == "log-error"
 
 
@@ -581,7 +599,7 @@ def test_d3_superseded_driver_stops_at_once_and_leaves_the_run_to_its_successor(
         return record, await log.snapshot("r-1"), await log.is_closed("r-1"), log.closes, await runs.get("r-1")
 
     record, stored, closed, closes, stored_record = run(scenario())
-    assert types(stored) == ["CUSTOM", "RUN_STARTED"]  # no text, no RUN_FINISHED, no RUN_ERROR
+    assert types(stored) == ["RUN_STARTED", "CUSTOM"]  # no text, no RUN_FINISHED, no RUN_ERROR
     assert not closed and closes == 0  # the successor owns the log and will close it
     assert stored_record.status == "running" and stored_record.driver_epoch == 2
     assert record == stored_record
@@ -628,7 +646,7 @@ def test_cancelling_the_pipe_task_finishes_the_run_aborted_then_reraises():
 
     record, stored, closed = run(scenario())
     assert record.status == "aborted" and "cancelled" in record.error.message
-    assert types(stored) == ["CUSTOM", "RUN_STARTED", "RUN_ERROR"] and closed
+    assert types(stored) == ["RUN_STARTED", "CUSTOM", "RUN_ERROR"] and closed
 
 
 def test_a_stream_yielding_a_non_event_fails_the_run_clearly():
@@ -639,7 +657,7 @@ def test_a_stream_yielding_a_non_event_fails_the_run_clearly():
 
     record, stored = run(scenario())
     assert record.status == "failed" and record.error.code == "invalid-event" and "dict" in record.error.message
-    assert types(stored) == ["CUSTOM", "RUN_STARTED", "RUN_ERROR"]
+    assert types(stored) == ["RUN_STARTED", "CUSTOM", "RUN_ERROR"]
 
 
 def test_bad_run_id_is_recorded_not_raised():
@@ -676,7 +694,7 @@ def test_a41_factory_called_once_runs_isolated_and_each_closed():
     assert sorted(calls) == [f"run-{i}" for i in range(8)]
     assert all(r.status == "completed" for r in records)
     for i, stored in enumerate(logs):
-        assert stored[1] == ev.RunStartedEvent(thread_id="t", run_id=f"run-{i}")
+        assert stored[0] == ev.RunStartedEvent(thread_id="t", run_id=f"run-{i}")
         assert stored[2] == text(0, f"run-{i}")  # no run's events in another run's log
     assert all(closed) and closes == 8 and active == []
 
@@ -707,7 +725,7 @@ def test_a41_attach_status_cancel_and_duplicate_start():
         return attached, running, record, controller.active_runs
 
     attached, running, record, active = run(scenario())
-    assert types(attached) == ["CUSTOM", "RUN_STARTED"]
+    assert types(attached) == ["RUN_STARTED"]
     assert running.status == "running"
     assert record.status == "aborted" and record.error.code == "cancelled"
     assert active == []
