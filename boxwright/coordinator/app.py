@@ -17,7 +17,7 @@ import contextlib
 import hmac
 import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +107,9 @@ def _factory(config: CoordinatorConfig) -> Any:
                 made = await made
             return made  # type: ignore[no-any-return]
         metadata = request.metadata or {}
-        sandbox = _pick(config.sandboxes, metadata.get("sandbox"), "sandbox")
-        harness = _pick(config.harnesses, metadata.get("harness"), "harness")
+        name = _pick(config.sandboxes, metadata.get("sandbox"), "sandbox")
+        sandbox = config.sandboxes[name]
+        harness = config.harnesses[_pick(config.harnesses, metadata.get("harness"), "harness")]
         session = metadata.get("sessionId")
         return RunSpec(
             sandbox=sandbox,
@@ -116,20 +117,22 @@ def _factory(config: CoordinatorConfig) -> Any:
             tools=list(config.tools) or None,
             durable=config.durable,
             session_id=session if isinstance(session, str) and session else None,
+            mode=config.modes.get(name, "host-driven"),
         )
 
     return factory
 
 
-def _pick(profiles: Any, name: object, what: str) -> Any:
+def _pick(profiles: Mapping[str, object], name: object, what: str) -> str:
+    """The profile name a trigger chose (``metadata.<what>``), or the first one."""
     if not profiles:
         raise RunRequestRefused(f"this coordinator has no {what} profile configured")
     if name is None:
-        return next(iter(profiles.values()))
+        return next(iter(profiles))
     if not isinstance(name, str) or name not in profiles:
         known = ", ".join(sorted(profiles))
         raise RunRequestRefused(f"metadata.{what} must name one of this coordinator's {what}s: {known}")
-    return profiles[name]
+    return name
 
 
 class _ToolExecEndpoint:

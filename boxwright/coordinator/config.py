@@ -15,7 +15,7 @@ from typing import Any, Final, TypeAlias
 
 from boxwright.definition import SandboxDefinition
 from boxwright.harnesses.base import Harness
-from boxwright.middleware.service import RunChoice, StartRunRequest, ThreadRuns
+from boxwright.middleware.service import RunChoice, RunMode, StartRunRequest, ThreadRuns
 from boxwright.runs import EventLog, RunStore
 from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
 from boxwright.tool_bridge.tools import Tool
@@ -103,13 +103,17 @@ class CoordinatorConfig:
 
     ``sandboxes`` and ``harnesses`` are profiles by name; a trigger picks them with
     ``metadata.sandbox`` / ``metadata.harness`` (default: the first of each), unless ``resolve``
-    decides itself. ``public_origin`` is where sandboxes call back (the tool bridge); without it a
-    loopback-bound server uses its bound port, never a request's ``Host`` (S3). Client routes need
+    decides itself; ``modes`` says which sandbox profiles run co-located. ``public_origin`` is where
+    sandboxes call back (the tool bridge); without it a loopback-bound server uses its bound port,
+    never a request's ``Host`` (S3). Client routes need
     ``authorize`` (or ``client_token``) to consent; ``allow_anonymous`` is for development only.
     """
 
     sandboxes: Mapping[str, SandboxDefinition] = field(default_factory=dict)
     harnesses: Mapping[str, Harness] = field(default_factory=dict)
+    # By sandbox profile name: "colocated" runs the harness in the container's runner (Docker), the
+    # coordinator only relaying tool execution and recording events; others are driven from here.
+    modes: Mapping[str, RunMode] = field(default_factory=dict)
     tools: Sequence[Tool] = ()
     resolve: ResolveRun | None = None
     stores: StoreSet | None = None
