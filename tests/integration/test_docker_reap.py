@@ -5,17 +5,27 @@ stops answering are each a clear error, and nothing hangs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 
 from boxwright.errors import ProviderUnavailableError, SandboxNotFoundError
-from tests.support.docker import BASE_IMAGE, TEST_LABEL, image_problem, labelled_containers, no_leaked_containers
+from tests.support.docker import (
+    BASE_IMAGE,
+    TEST_LABEL,
+    image_problem,
+    labelled_containers,
+    no_leaked_containers,
+    remove_images,
+    session_label,
+)
 from tests.support.require import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
@@ -165,3 +175,165 @@ def test_the_daemon_stopping_mid_run_is_a_clear_error(tmp_path: object) -> None:
     finally:
         for cid in created:
             subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=60)
+
+
+def _image_of(cid: str) -> str:
+    inspected = subprocess.run(["docker", "inspect", "--format", "{{.Config.Image}}", cid], capture_output=True)
+    return inspected.stdout.decode().strip()
+
+
+def _image_labels(ref: str) -> dict[str, str]:
+    inspected = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=True, timeout=30)
+    return json.loads(inspected.stdout)[0]["Config"]["Labels"] or {}  # type: ignore[no-any-return]
+
+
+def _image_exists(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=30).returncode == 0
+
+
+def test_a_forks_image_goes_with_the_fork() -> None:
+    from boxwright.providers.docker import docker_sandbox
+
+    async def main() -> str:
+        handle = await docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"}).create()
+        try:
+            child = await handle.fork()
+            image = await asyncio.to_thread(_image_of, child.id)
+            assert image.startswith("boxwright-fork:") and await asyncio.to_thread(_image_exists, image), image
+            labels = await asyncio.to_thread(_image_labels, image)
+            assert labels["boxwright.kind"] == "fork" and float(labels["boxwright.lease-expires"]) > time.time()
+            await child.destroy()
+            return image
+        finally:
+            await handle.destroy()
+
+    image = asyncio.run(asyncio.wait_for(main(), 120))
+    assert not _image_exists(image), "the fork's image outlived the fork"
+
+
+def test_reap_images_by_lease_by_use_and_by_their_sandbox() -> None:
+    from boxwright.docker_reap import DEFAULT_IMAGE_GRACE, instance_snapshot_is_current, reap_docker_images
+    from boxwright.providers.docker import docker_sandbox
+    from boxwright.sandbox import CreateInput, RestoreInput
+    from boxwright.stores.base import InstanceRecord
+    from boxwright.stores.memory import MemoryInstanceStore
+
+    kept_key, gone_key = os.urandom(8).hex(), os.urandom(8).hex()
+    lasting = docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"})
+    expiring = docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"}, snapshot_lease_seconds=0)
+    refs: dict[str, str] = {}
+
+    async def main() -> None:
+        handles = [
+            await lasting.create(CreateInput(id=kept_key)),
+            await lasting.create(CreateInput(id=gone_key)),
+            await expiring.create(),
+        ]
+        try:
+            kept, gone, short = handles
+            refs["kept"] = (await kept.snapshot("kept")).id
+            refs["gone"] = (await gone.snapshot("gone")).id
+            refs["expired"] = (await short.snapshot("expired")).id
+            refs["used"] = (await short.snapshot("used")).id
+            handles.append(await expiring._restore(RestoreInput(snapshot_id=refs["used"])))
+            fork = await kept.fork()
+            refs["fork"] = await asyncio.to_thread(_image_of, fork.id)
+            # The fork's container removed from outside (as a SIGKILLed host leaves it): its image stays behind.
+            await asyncio.to_thread(subprocess.run, ["docker", "rm", "-f", fork.id], capture_output=True, timeout=60)
+            await gone.destroy()  # its sandbox is gone: no instance record names its snapshot
+            instances = MemoryInstanceStore()
+            await instances.upsert(
+                InstanceRecord(
+                    key=kept_key,
+                    provider="docker",
+                    provider_sandbox_id=kept.id,
+                    thread_id="t",
+                    updated_at=0,
+                    latest_snapshot_id=refs["kept"],
+                )
+            )
+            current = instance_snapshot_is_current(instances)
+
+            def reasons(found: list[Any]) -> dict[str, str]:
+                names = {ref: name for name, ref in refs.items()}
+                return {names[tag]: r.reason for r in found for tag in r.tags if tag in names}
+
+            # Within the grace: only the lease rule; a fork or a snapshot being recorded is left alone.
+            now = await reap_docker_images(dry_run=True, snapshot_is_current=current, label=session_label())
+            assert reasons(now) == {"expired": "lease-expired"}, now
+            later = time.time() + DEFAULT_IMAGE_GRACE + 5
+            dry = await reap_docker_images(dry_run=True, snapshot_is_current=current, now=later, label=session_label())
+            expected = {"expired": "lease-expired", "gone": "sandbox-gone", "fork": "fork-unused"}
+            assert reasons(dry) == expected, dry
+            assert all(_image_exists(refs[name]) for name in expected), "a dry run removed an image"
+            done = await reap_docker_images(snapshot_is_current=current, now=later, label=session_label())
+            assert reasons(done) == expected and all(r.removed and r.error is None for r in done), done
+            # What a sandbox still restores from, and what a container uses, stays.
+            assert [name for name in refs if _image_exists(refs[name])] == ["kept", "used"]
+        finally:
+            for handle in handles:
+                await handle.destroy()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 240))
+    finally:
+        remove_images([ref for ref in refs.values() if _image_exists(ref)])
+
+
+def test_the_reaper_loop_sweeps_docker_leaks() -> None:
+    from boxwright.docker_reap import docker_leak_sweeper
+    from boxwright.providers.docker import docker_sandbox
+    from boxwright.reaper import reap_detached_runs
+    from boxwright.runs import RunPatch
+    from boxwright.sandbox import CreateInput
+    from boxwright.stores.memory import MemoryInstanceStore, MemoryLockStore, memory_run_backend
+
+    async def unused(*_args: Any) -> Any:
+        raise AssertionError("no run is detached: the sweep must not probe or drive one")
+
+    async def main() -> None:
+        runs, log = memory_run_backend()
+        await runs.create("r-done", "t")
+        await runs.update("r-done", RunPatch(status="completed"))
+        await runs.create("r-live", "t2")
+        ended = await docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"}, run_id="r-done").create()
+        expired = await docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"}, lease_seconds=0).create()
+        live = await docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"}, run_id="r-live").create()
+        gone = await docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"}).create(CreateInput(id=os.urandom(8).hex()))
+        snapshot = (await gone.snapshot("after-setup")).id
+        await gone.destroy()
+        try:
+            result = await reap_detached_runs(
+                runs,
+                MemoryLockStore(),
+                log,
+                has_finished=unused,
+                drive=unused,
+                now_ms=int(time.time() * 1000),
+                detached_run_ttl_ms=60_000,
+                sweep_leaks=docker_leak_sweeper(runs, MemoryInstanceStore(), grace=0, label=session_label()),
+            )
+            found = {(leak.kind, leak.id): (leak.reason, leak.removed, leak.error) for leak in result.leaks}
+            assert not await asyncio.to_thread(_image_exists, snapshot), "the gone sandbox's snapshot is still there"
+            assert found.pop(("container", ended.id)) == ("run-terminal", True, None), result.leaks
+            assert found.pop(("container", expired.id)) == ("lease-expired", True, None), result.leaks
+            assert [(kind, reason) for (kind, _), (reason, *_) in found.items()] == [("image", "sandbox-gone")]
+            assert result.leak_error is None and result.considered == 0
+            assert await live.fs.exists("/workspace"), "the live run's container was touched"
+            down = await reap_detached_runs(
+                runs,
+                MemoryLockStore(),
+                log,
+                has_finished=unused,
+                drive=unused,
+                now_ms=int(time.time() * 1000),
+                detached_run_ttl_ms=60_000,
+                sweep_leaks=docker_leak_sweeper(base_url="unix:///nonexistent/docker.sock"),
+            )
+            assert down.leaks == [] and down.leak_error is not None and "nonexistent" in down.leak_error, down
+        finally:
+            for handle in (ended, expired, live):
+                await handle.destroy()
+            remove_images([snapshot] if _image_exists(snapshot) else [])
+
+    asyncio.run(asyncio.wait_for(main(), 240))
