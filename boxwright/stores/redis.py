@@ -761,10 +761,10 @@ class RedisEventLog:
                     yield format_offset(run_id, seq), decode_event(blob)
                     if signal is not None and signal.aborted:
                         return
-                if closed or not live:
-                    return
                 if len(rows) == READ_PAGE:
                     continue
+                if closed or not live:
+                    return
                 if not await watch.wait(f"{position}-0", changed, signal):
                     return
         finally:
