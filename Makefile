@@ -14,11 +14,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on the embedded default (SQLite + local-process provider), offline: a scripted
-# agent edits a small git repo and the run streams live. `boxwright run PROMPT` runs a real agent.
+# The main job on the embedded default (SQLite + local-process provider): the run viewer page, whose
+# built-in demo agent works offline (PORT= picks the port, 0 any). `boxwright demo` is the terminal demo.
 demo: $(STAMP)
 	$(BIN)/boxwright doctor
-	$(BIN)/boxwright demo
+	$(BIN)/python -m boxwright.viewer $(if $(PORT),--port $(PORT))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

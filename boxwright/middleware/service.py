@@ -67,6 +67,7 @@ from boxwright.takeover import RunClaim, align_to_stored_log, is_out_of_band, sa
 from boxwright.tool_bridge import HostToolBridge
 from boxwright.tool_bridge.tools import Tool
 
+from .approvals import ApprovalAnswer, ApprovalDesk
 from .delivery import json_response, long_poll_response, sse_response, websocket_tail
 
 log = logging.getLogger("boxwright.middleware")
@@ -74,6 +75,7 @@ T = TypeVar("T")
 
 STATE_KEY: Final = "boxwright"
 MAX_TRIGGER_BODY: Final = 2 * 1024 * 1024
+MAX_APPROVAL_BODY: Final = 4096
 # How often a queued run looks whether its thread's active run, driven by another process, has ended.
 QUEUE_POLL_S: Final = 0.5
 ThreadRuns: TypeAlias = Literal["busy", "queue"]
@@ -263,6 +265,7 @@ class SandboxService:
         thread_runs: ThreadRuns = "busy",
         on_close: OnClose = "detach",
         bridge: HostToolBridge | None = None,
+        approvals: ApprovalDesk | None = None,
         runner_secret: str | None = None,
     ) -> None:
         if thread_runs not in ("busy", "queue"):
@@ -283,6 +286,8 @@ class SandboxService:
         # One tool bridge every run of this service registers on (the coordinator mounts it on its
         # own origin); None: each run with tools starts a listener of its own.
         self.bridge = bridge
+        # The questions (the policy's ``ask``) runs driven here wait on; POST /runs/{id}/approval answers them.
+        self.approvals = approvals if approvals is not None else ApprovalDesk()
         # Co-located runs: the replicas' shared secret the runner token is derived from (boxwright.colocated).
         self._runner_secret = runner_secret
         # The one registry: every run this process drives (started here or taken over), by id.
@@ -888,6 +893,27 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         requested = after is None or after.cancel_requested is True
         return json_response(202, {"runId": run_id, "cancelRequested": requested})
 
+    async def approval(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        refused = _refuse_run_id(run_id)
+        if refused is not None:
+            return refused
+        raw = await _bounded_body(request, MAX_APPROVAL_BODY)
+        if raw is None:
+            return _error(413, "an approval answer is at most 4 KiB", "too_large")
+        try:
+            answer = msgspec.json.decode(raw, type=ApprovalAnswer)
+        except msgspec.DecodeError as exc:
+            shape = '{"approvalId": str, "decision": "allow" | "deny"}'
+            return _error(400, f"body must be {shape}: {exc}", "invalid_body")
+        if await service.runs.get(run_id) is None:
+            return _error(404, "unknown run", "unknown_run")
+        if not service.approvals.answer(run_id, answer.approval_id, answer.decision == "allow"):
+            # Answered already, timed out, or asked on another replica (the desk is per process).
+            message = f"run {run_id!r} is not waiting on approval {answer.approval_id!r} here"
+            return _error(404, message, "no_pending_approval")
+        return json_response(200, {"runId": run_id, "approvalId": answer.approval_id, "decision": answer.decision})
+
     async def attach(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         refused = _refuse_run_id(run_id)
@@ -935,6 +961,7 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         WebSocketRoute("/runs/{run_id}/stream", tail),
         Route("/runs/{run_id}/stream", stream, methods=["GET", "HEAD", "PUT", "POST", "DELETE"]),
         Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+        Route("/runs/{run_id}/approval", approval, methods=["POST"]),
         Route("/runs/{run_id}/attach", attach, methods=["POST"]),
         Route("/threads/{thread_id}/active", thread_active, methods=["GET"]),
         Route("/threads/{thread_id}/cancel", thread_cancel, methods=["POST"]),
