@@ -1,0 +1,136 @@
+"""The cloud providers' registry for the conformance suites: provider -> fake config, live config, needed env.
+
+Each remote provider adds one ``CloudEntry``: how to build its provider against its
+faithful fake (``tests/support/fake_cloud/``, run in CI wherever Docker and the base
+image are), how to build it against the real service, and the environment variables the
+live variant needs. ``fake_config(name)`` and ``live_config(name)`` give suite configs;
+without the live variables, the live config is ``unsupported`` with a reason naming
+them, so the suite reports one named skip per provider (never a silent pass).
+
+A fake starts lazily (on the first sandbox a test asks for), serves until the test
+process exits, and removes every container and image it made then.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.util
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from boxwright.testkit import ProviderSuiteConfig, RecordingLogger
+from tests.support.docker import BASE_IMAGE, image_problem
+
+Build = Callable[[RecordingLogger], Any]
+
+
+@dataclass(frozen=True)
+class CloudEntry:
+    name: str
+    sdk: str  # the importable module of the vendor's SDK (the provider's extra)
+    env: tuple[str, ...]  # what the live variant needs
+    fake: Build  # the provider against its fake (started on first use)
+    live: Build  # the provider against the real service
+    port: int = 8080
+
+
+_fakes: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def running_fake(name: str, make: Callable[[], Any]) -> Any:
+    """The one fake server of ``name`` for this test process, started on first use."""
+    with _lock:
+        fake = _fakes.get(name)
+        if fake is None:
+            fake = make().start()
+            _fakes[name] = fake
+            atexit.register(fake.close)
+        return fake
+
+
+# -- E2B ------------------------------------------------------------------------------------------
+
+
+def e2b_fake() -> Any:
+    from tests.support.fake_cloud.e2b import FakeE2B
+
+    return running_fake("e2b", lambda: FakeE2B(BASE_IMAGE))
+
+
+def _e2b_fake(logger: RecordingLogger, **extra: Any) -> Any:
+    from boxwright.providers.e2b import e2b_sandbox
+
+    fake = e2b_fake()
+    return e2b_sandbox(
+        api_key=fake.api_key, api_url=fake.api_url, sandbox_url=fake.envd_url, http_version="1.1",
+        lifetime=600, logger=logger, metadata={"boxwright.test": "1"}, **extra,
+    )
+
+
+def _e2b_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.e2b import e2b_sandbox
+
+    return e2b_sandbox(lifetime=600, logger=logger, metadata={"boxwright.test": "1"})
+
+
+# -- the registry ---------------------------------------------------------------------------------
+
+CLOUD_PROVIDERS: dict[str, CloudEntry] = {
+    "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), _e2b_fake, _e2b_live),
+}
+
+
+@functools.cache
+def _sdk_problem(module: str) -> str | None:
+    if importlib.util.find_spec(module) is None:
+        return f"the `{module}` SDK is not installed (pip install 'boxwright[{module}]')"
+    return None
+
+
+def _config(entry: CloudEntry, build: Build, unsupported: str | None, label: str) -> ProviderSuiteConfig:
+    logger = RecordingLogger()
+    holder: dict[str, Any] = {}
+
+    def provider() -> Any:
+        if "provider" not in holder:
+            holder["provider"] = build(logger)
+        return holder["provider"]
+
+    async def create() -> tuple[Any, Any]:
+        handle = await provider().create()
+        return handle, handle.destroy
+
+    class _Lazy:
+        """The provider, built when a case first touches it (a fake starts only when a test runs)."""
+
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(provider(), attr)
+
+    return ProviderSuiteConfig(
+        name=label, create_handle=create, provider=_Lazy() if unsupported is None else None,  # type: ignore[arg-type]
+        logger=logger, unsupported=unsupported, port=entry.port,
+    )
+
+
+def fake_config(name: str) -> ProviderSuiteConfig:
+    entry = CLOUD_PROVIDERS[name]
+    problem = _sdk_problem(entry.sdk) or image_problem(BASE_IMAGE)
+    return _config(entry, entry.fake, problem, f"{name}-fake")
+
+
+def live_problem(name: str) -> str | None:
+    entry = CLOUD_PROVIDERS[name]
+    missing = [var for var in entry.env if not os.environ.get(var)]
+    if missing:
+        return f"live {name} needs {' and '.join(missing)} (unset)"
+    return _sdk_problem(entry.sdk)
+
+
+def live_config(name: str) -> ProviderSuiteConfig:
+    entry = CLOUD_PROVIDERS[name]
+    return _config(entry, entry.live, live_problem(name), f"{name}-live")
