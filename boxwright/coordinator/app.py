@@ -81,7 +81,8 @@ class Coordinator:
     def note_request(self, scope: Scope) -> None:
         server = scope.get("server")
         if server is not None and self._server is None:
-            self._server = (str(server[0]), int(server[1]))
+            # A unix socket or a test transport may report no port: then no loopback rule applies.
+            self._server = (str(server[0]), int(server[1]) if server[1] is not None else 0)
         if self.config.trust_request_host:
             self._headers = [(k, v) for k, v in scope.get("headers", ()) if k == b"host"]
 
@@ -227,6 +228,8 @@ def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
             await stores.aclose()
 
     app = Starlette(routes=routes, lifespan=lifespan)
+    # A run id that decodes to a slash (``%2F``) must be refused, not redirected to another route.
+    app.router.redirect_slashes = False
     app.state.coordinator = coordinator
     app.add_middleware(_NoteOrigin, coordinator=coordinator)
     return app

@@ -63,7 +63,7 @@ def resolve_bridge_origin(
     server = scope.get("server") if scope is not None else None
     if server is not None:
         bound_host, bound_port = str(server[0]), int(server[1])
-        if _loopback(bound_host):
+        if _loopback(bound_host) and bound_port > 0:
             # The socket's own port: Host: localhost:6379 must not point a container at Redis.
             host = DOCKER_HOST if provider in DOCKER_PROVIDERS else bound_host
             return f"http://{_format(host)}:{bound_port}"

@@ -14,6 +14,7 @@ A later chaos test or bench starts replicas over ``redis://`` with ``store=``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,16 +23,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from boxwright.coordinator import CoordinatorConfig
+from boxwright.coordinator import Coordinator, CoordinatorConfig, create_coordinator_app
 from boxwright.harnesses.base import HarnessContext, HarnessPlan
 from boxwright.harnesses.command import CommandHarness
+from boxwright.tool_bridge import serve_asgi
 from boxwright.tool_bridge.tools import Tool, ToolContext, define_tool
 from tests.support.replicas import ROOT, free_port
 
@@ -52,7 +54,7 @@ class BridgeEnvHarness(CommandHarness):
         return plan
 
 
-def _record_call_tool(path: str) -> Tool:
+def record_call_tool(path: str) -> Tool:
     async def record(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         with open(path, "a") as out:
             out.write(json.dumps({"runId": ctx.run_id, "args": args}) + "\n")
@@ -73,7 +75,7 @@ def test_config() -> CoordinatorConfig:
     return CoordinatorConfig(
         sandboxes={"local": sandbox},
         harnesses={"command": CommandHarness(command=agent), "bridge-env": BridgeEnvHarness(command=agent)},
-        tools=[_record_call_tool(env["BWT_TOOL_LOG"])],
+        tools=[record_call_tool(env["BWT_TOOL_LOG"])],
         lease_ttl_ms=int(env.get("BWT_LEASE_MS", "1500")),
         inactivity_timeout=float(env.get("BWT_INACTIVITY_S", "0")),
         watchdog_interval=float(env.get("BWT_WATCHDOG_S", "30")),
@@ -182,7 +184,12 @@ def run_id_for(tmp: Path, label: str) -> str:
 
 
 def sse_events(
-    base: str, run_id: str, thread_id: str, *, last_event_id: str | None = None, limit: int | None = None,
+    base: str,
+    run_id: str,
+    thread_id: str,
+    *,
+    last_event_id: str | None = None,
+    limit: int | None = None,
     timeout: float = 60,
 ) -> list[tuple[str | None, str | None, str]]:
     """``(event, id, data)`` of an SSE tail, until the status event (or ``limit`` data events)."""
@@ -215,3 +222,77 @@ def sse_events(
             elif field_name == "data":
                 data.append(value)
     return out
+
+
+@contextlib.asynccontextmanager
+async def coordinator_server(config: CoordinatorConfig) -> AsyncIterator[tuple[str, Coordinator]]:
+    """``config``'s app under uvicorn on 127.0.0.1 in this process, its lifespan on: ``(url, coordinator)``."""
+    app = create_coordinator_app(config)
+    server = await serve_asgi(app, lifespan="on")
+    try:
+        yield server.url, app.state.coordinator
+    finally:
+        await server.close()
+
+
+def client_headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return CoordinatorProcess.headers(extra)
+
+
+async def wait_record(url: str, run_id: str, thread_id: str, *, status: tuple[str, ...], timeout: float = 60) -> Any:
+    """The run's record once its status is one of ``status`` (polled through GET /runs/{id})."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(headers=client_headers(), timeout=10) as http:
+        while True:
+            response = await http.get(f"{url}/runs/{run_id}", params={"threadId": thread_id})
+            if response.status_code == 200 and response.json()["status"] in status:
+                return response.json()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"run {run_id}: no status in {status} after {timeout} s: {response.text}")
+            await asyncio.sleep(0.05)
+
+
+# A scripted agent for the command harness: its prompt says what to do.
+#   "lines N SECONDS"   print N lines, SECONDS apart
+#   "bridge SECONDS"    print its bridge URL, call record_call once through it, then sleep SECONDS
+#   "quiet SECONDS"     print one line, then nothing for SECONDS
+SCRIPTED_AGENT = r"""
+import json, os, sys, time, urllib.request
+words = sys.stdin.read().split()
+verb, args = words[0], [float(w) for w in words[1:]]
+if verb == "lines":
+    for i in range(int(args[0])):
+        print(f"line {i + 1}", flush=True)
+        time.sleep(args[1])
+elif verb == "bridge":
+    url = os.environ.get("BOXWRIGHT_BRIDGE_URL", "none")
+    print(f"bridge-url={url}", flush=True)
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "record_call", "arguments": {"text": "from the agent"}}}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Authorization": "Bearer " + os.environ["BOXWRIGHT_BRIDGE_TOKEN"], "Content-Type": "application/json",
+        "Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        print(f"bridge-status={response.status}", flush=True)
+    time.sleep(args[0])
+elif verb == "quiet":
+    print("started", flush=True)
+    time.sleep(args[0])
+"""
+
+
+def scripted_agent(tmp: Path) -> str:
+    """The shell command running ``SCRIPTED_AGENT`` (written under ``tmp``) with this interpreter."""
+    path = tmp / "scripted_agent.py"
+    path.write_text(SCRIPTED_AGENT)
+    return f"{sys.executable} {path}"
+
+
+def trigger(thread_id: str, prompt: str, run_id: str | None = None, **metadata: Any) -> dict[str, Any]:
+    """A ``POST /runs`` body with one user message."""
+    body: dict[str, Any] = {"threadId": thread_id, "messages": [{"role": "user", "content": prompt}]}
+    if run_id is not None:
+        body["runId"] = run_id
+    if metadata:
+        body["metadata"] = metadata
+    return body
