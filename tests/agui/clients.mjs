@@ -1,0 +1,159 @@
+// The official clients against a boxwright app: `node clients.mjs <scenario> '<json args>'` prints one JSON result.
+//
+// Scenarios (driven by tests/e2e/test_agui_clients.py):
+//   httpagent  @ag-ui/client's HttpAgent posts a RunAgentInput to /agui; its own pipeline verifies every event
+//              (RUN_STARTED first, content inside START/END, nothing after the terminal event) and rebuilds the
+//              messages. With `resume`, its fetch splices a dropped answer onto the tail route of another process
+//              (GET /runs/{id}/events with Last-Event-ID), as a client that survives a server dying does.
+//   tanstack   @tanstack/ai-client's ChatClient with its SSE connection adapter on /agui, then a second ChatClient
+//              whose connection is ai-client's stream() adapter fed by @durable-streams/client reading the run's
+//              Durable Streams URL (GET /runs/{id}/stream); both report the messages they rebuilt.
+import { HttpAgent } from "@ag-ui/client";
+import { ChatClient, fetchServerSentEvents, stream as streamAdapter } from "@tanstack/ai-client";
+
+const [scenario, rawArgs] = process.argv.slice(2);
+const args = JSON.parse(rawArgs ?? "{}");
+
+function describe(error) {
+  return { name: error?.name ?? typeof error, message: String(error?.message ?? error) };
+}
+
+// A fetch whose answer continues on `resumeBase`'s tail route when the first connection drops before the run's end.
+function splicingFetch(resumeBase, runId, log) {
+  return async (url, init) => {
+    const first = await fetch(url, init);
+    if (!first.ok) return first;
+    const encoder = new TextEncoder();
+    let lastId;
+    let ended = false;
+    const body = new ReadableStream({
+      async start(controller) {
+        const forward = (frame) => {
+          const lines = frame.split("\n");
+          if (lines.some((line) => line.startsWith("event:"))) return; // the tail's closing `event: status`
+          const id = lines.find((line) => line.startsWith("id: "));
+          const data = lines.find((line) => line.startsWith("data: "));
+          if (id) lastId = id.slice(4);
+          if (data) {
+            const type = JSON.parse(data.slice(6)).type;
+            if (type === "RUN_FINISHED" || type === "RUN_ERROR") ended = true;
+          }
+          controller.enqueue(encoder.encode(frame + "\n\n"));
+        };
+        const pump = async (response) => {
+          const reader = response.body.getReader();
+          const decoder = new TextDecoder();
+          let buffer = "";
+          try {
+            for (;;) {
+              const { done, value } = await reader.read();
+              if (done) break;
+              buffer += decoder.decode(value, { stream: true });
+              let cut;
+              while ((cut = buffer.indexOf("\n\n")) >= 0) {
+                forward(buffer.slice(0, cut));
+                buffer = buffer.slice(cut + 2);
+              }
+            }
+          } catch (error) {
+            log.push({ dropped: describe(error).message, lastId });
+          }
+        };
+        await pump(first);
+        for (let hop = 0; !ended && hop < 5; hop++) {
+          log.push({ resumeFrom: lastId });
+          const headers = { Accept: "text/event-stream", ...(lastId ? { "Last-Event-ID": lastId } : {}) };
+          await pump(await fetch(`${resumeBase}/runs/${encodeURIComponent(runId)}/events`, { headers }));
+        }
+        controller.close();
+      },
+    });
+    return new Response(body, { status: first.status, headers: first.headers });
+  };
+}
+
+async function httpagent() {
+  const events = [];
+  const splices = [];
+  const agent = new HttpAgent({
+    url: `${args.url}/agui`,
+    threadId: args.threadId,
+    initialMessages: args.messages ?? [{ id: "u-1", role: "user", content: args.prompt }],
+    headers: args.headers ?? {},
+    ...(args.resume ? { fetch: splicingFetch(args.resume, args.runId, splices) } : {}),
+  });
+  let error = null;
+  let result = null;
+  try {
+    result = await agent.runAgent(
+      { runId: args.runId, tools: args.tools ?? [] },
+      { onEvent: ({ event }) => void events.push(event) },
+    );
+  } catch (caught) {
+    error = describe(caught);
+  }
+  return {
+    error,
+    events,
+    messages: agent.messages,
+    newMessages: result?.newMessages ?? null,
+    splices,
+  };
+}
+
+async function drainTanstack(client) {
+  // ChatClient settles its own promise once the run's terminal event was processed.
+  for (let i = 0; i < 600 && client.getIsLoading(); i++) await new Promise((r) => setTimeout(r, 50));
+}
+
+async function tanstack() {
+  let posted = null; // the runId the adapter put in its RunAgentInput
+  const fetchClient = async (url, init) => {
+    if (init?.method === "POST" && typeof init.body === "string") posted = JSON.parse(init.body).runId;
+    return fetch(url, init);
+  };
+  const sse = new ChatClient({
+    connection: fetchServerSentEvents(`${args.url}/agui`, { fetchClient }),
+    threadId: args.threadId,
+  });
+  let sseError = null;
+  try {
+    await sse.sendMessage(args.prompt);
+    await drainTanstack(sse);
+  } catch (caught) {
+    sseError = describe(caught);
+  }
+  const runId = posted;
+  const result = { sse: { error: sseError ?? (sse.getError() ? describe(sse.getError()) : null), messages: sse.getMessages() } };
+  sse.dispose();
+  if (args.durableRunId) {
+    // The durable-stream connection: TanStack's stream() adapter over the run's Durable Streams URL.
+    const { stream: readStream } = await import("@durable-streams/client");
+    const connection = streamAdapter(async function* () {
+      const response = await readStream({ url: `${args.url}/runs/${encodeURIComponent(args.durableRunId)}/stream`, offset: "-1", live: false });
+      for (const chunk of await response.json()) yield chunk;
+    });
+    const durable = new ChatClient({ connection, threadId: `${args.threadId}-durable` });
+    let durableError = null;
+    try {
+      await durable.sendMessage(args.prompt);
+      await drainTanstack(durable);
+    } catch (caught) {
+      durableError = describe(caught);
+    }
+    result.durable = { error: durableError ?? (durable.getError() ? describe(durable.getError()) : null), messages: durable.getMessages() };
+    durable.dispose();
+  }
+  result.runId = runId;
+  return result;
+}
+
+const scenarios = { httpagent, tanstack };
+const run = scenarios[scenario];
+if (!run) {
+  console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios).join(", ")}`);
+  process.exit(2);
+}
+const out = await run();
+process.stdout.write(JSON.stringify(out) + "\n");
+process.exit(0);
