@@ -68,6 +68,7 @@ from boxwright.tool_bridge import HostToolBridge
 from boxwright.tool_bridge.tools import Tool
 
 from .approvals import ApprovalAnswer, ApprovalDesk
+from .agui import agui_routes
 from .delivery import json_response, long_poll_response, sse_response, websocket_tail
 
 log = logging.getLogger("boxwright.middleware")
@@ -961,6 +962,8 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         WebSocketRoute("/runs/{run_id}/stream", tail),
         Route("/runs/{run_id}/stream", stream, methods=["GET", "HEAD", "PUT", "POST", "DELETE"]),
         Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
+        # The standard AG-UI endpoint (boxwright.middleware.agui): POST a RunAgentInput, read the run.
+        *agui_routes(service, spec_for=_spec_for, bounded_body=_bounded_body),
         Route("/runs/{run_id}/approval", approval, methods=["POST"]),
         Route("/runs/{run_id}/attach", attach, methods=["POST"]),
         Route("/threads/{thread_id}/active", thread_active, methods=["GET"]),
