@@ -26,7 +26,7 @@ from .abort import AbortSignal
 from .auth import AuthMode
 from .colocated import colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
-from .errors import DurableRunIdRequiredError, HalfDurableRunError
+from .errors import AbortError, DurableRunIdRequiredError, HalfDurableRunError
 from .events import (
     CustomEvent,
     Event,
@@ -284,8 +284,10 @@ async def run_agent(
     # events, and in logs while it runs; released when it ends.
     secrets = SecretScope()
     scrub = EventScrubber(scope=secrets)
+    entered: Any = None  # the sandbox scope, once with_sandbox gave it (an abort may come before)
     try:
         async with with_sandbox(sandbox, ctx, durability=durability) as scope:
+            entered = scope
             hctx = HarnessContext(
                 run_id=run_id,
                 thread_id=thread_id,
@@ -345,13 +347,15 @@ async def run_agent(
                     for out in scrub.flush():
                         yield clock(out)
     except Exception as exc:
-        # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
-        log.warning("run %s failed: %s", run_id, exc)
-        for event in frame.error(scrub.mask(redact(f"{type(exc).__name__}: {exc}")), _error_code(exc)):
-            yield clock(event)
-        return
+        if not (isinstance(exc, AbortError) and signal is not None and signal.aborted):
+            # Anything before or around the drive (ensure, bootstrap, projection): one RUN_ERROR naming it.
+            log.warning("run %s failed: %s", run_id, exc)
+            for event in frame.error(scrub.mask(redact(f"{type(exc).__name__}: {exc}")), _error_code(exc)):
+                yield clock(event)
+            return
+        # A step that gave up because the run was stopped (a Stop pressed while the agent starts): an abort, below.
     if signal is not None and signal.aborted:
-        if scope.ending in ("detached", "superseded"):
+        if entered is not None and entered.ending in ("detached", "superseded"):
             return  # the agent goes on in its sandbox; a later driver reports how it ends
         # Coded so a run log records ``aborted``, never ``failed``: a stop is not a failure.
         if signal.reason == CANCEL_REASON:

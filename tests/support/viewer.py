@@ -114,7 +114,9 @@ class ViewerStack:
 
 
 @contextlib.asynccontextmanager
-async def viewer_stack(tmp_path: Path, *, pace_s: float = 0.15, cut_after: int | None = None) -> AsyncIterator[ViewerStack]:
+async def viewer_stack(
+    tmp_path: Path, *, pace_s: float = 0.15, cut_after: int | None = None
+) -> AsyncIterator[ViewerStack]:
     """``viewer_app`` on a fresh SQLite file, served on 127.0.0.1; its lifespan runs for the block."""
     from boxwright.viewer.serve import viewer_app
 
@@ -186,3 +188,28 @@ def artifact_dir(tmp_path: Path) -> Path:
     chosen = Path(os.environ.get("BOXWRIGHT_TEST_ARTIFACTS") or tmp_path / "artifacts")
     chosen.mkdir(parents=True, exist_ok=True)
     return chosen
+
+
+@dataclass
+class SseFrame:
+    id: str | None
+    event: str
+    data: str
+
+
+async def sse_frames(response: httpx.Response) -> AsyncIterator[SseFrame]:
+    """A minimal EventSource parser: fields up to a blank line make one frame; comments are skipped."""
+    fields: dict[str, list[str]] = {}
+    async for line in response.aiter_lines():
+        if line == "":
+            if "data" in fields:
+                ids = fields.get("id")
+                yield SseFrame(
+                    ids[-1] if ids else None, fields.get("event", ["message"])[-1], "\n".join(fields["data"])
+                )
+            fields = {}
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        fields.setdefault(name, []).append(value[1:] if value.startswith(" ") else value)
