@@ -134,7 +134,7 @@ def test_runner_refuses_a_wrong_token_a_malformed_body_and_a_secret_value() -> N
                     except httpx.HTTPError:
                         await asyncio.sleep(0.25)
                 health = (await client.get(f"{base}/health")).json()
-                assert health["ok"] is True and health["attach"] is False
+                assert health["ok"] is True and health["attach"] is True
                 good = {
                     "runId": "r1",
                     "threadId": "t1",
