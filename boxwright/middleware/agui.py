@@ -22,9 +22,10 @@ content part type), a ``runId`` that names another thread's run (``409 thread_mi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import msgspec
@@ -34,8 +35,14 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from boxwright._json import BoundedDecoder, JsonBoundsError
-from boxwright.abort import AbortController
-from boxwright.errors import InvalidRunIdError, InvalidThreadIdError, RunThreadMismatchError, ThreadBusyError
+from boxwright.abort import AbortController, wait_unless_aborted
+from boxwright.errors import (
+    InvalidRunIdError,
+    InvalidThreadIdError,
+    RunThreadMismatchError,
+    ThreadBusyError,
+    ToolDefinitionError,
+)
 from boxwright.events import (
     AudioPart,
     DocumentPart,
@@ -45,18 +52,22 @@ from boxwright.events import (
     ReasoningStartEvent,
     RunErrorEvent,
     RunFinishedEvent,
+    RunFinishedSuccessOutcome,
     RunStartedEvent,
     StepStartedEvent,
     TextMessageStartEvent,
     TextPart,
+    ToolCallEndEvent,
     ToolCallStartEvent,
     VideoPart,
     encode_event,
+    now_ms,
 )
 from boxwright.harnesses.base import Message
 from boxwright.ids import check_client_run_id, check_thread_id
-from boxwright.runs import START_OFFSET, EventLog, parse_offset
+from boxwright.runs import RUN_CANCEL_REASON, START_OFFSET, EventLog, parse_offset
 from boxwright.secrets import redact
+from boxwright.tool_bridge.tools import Tool, define_tool, object_schema
 
 from .delivery import PING_INTERVAL_S, DeliveryRefusal, check_tail_request, json_response
 
@@ -227,6 +238,80 @@ def conversation(body: RunAgentInput) -> list[Message]:
     return messages
 
 
+# -- frontend tools: offered to the agent, answered by the client in its next input ---------------
+
+# How long a frontend tool's bridge call waits when no hand-off ends the turn first (a run taken over by
+# another process drives without the route's hand-off): then the agent is told the client did not answer.
+FRONTEND_TOOL_WAIT_S: Final = 600.0
+_BRIDGE_PREFIX: Final = "mcp__boxwright__"
+
+
+async def _answered_by_the_client(args: dict[str, Any], ctx: Any) -> str:
+    # The hand-off (``hand_off``) ends the run right after this call's TOOL_CALL_END; the agent is stopped
+    # while it waits here. The result below only reaches an agent whose run had no hand-off.
+    await wait_unless_aborted(asyncio.sleep(FRONTEND_TOOL_WAIT_S), ctx.abort_signal)
+    return "the client that declared this tool did not answer it"
+
+
+def frontend_tools(body: RunAgentInput, app_tools: Sequence[Tool]) -> list[Tool]:
+    """The input's ``tools`` as bridge tools the agent may call; a name the app's tools use is refused."""
+    taken = {tool.name for tool in app_tools}
+    made: list[Tool] = []
+    for index, declared in enumerate(body.tools):
+        if declared.name in taken:
+            raise InputRefusal(
+                400,
+                f"tools[{index}].name {declared.name!r} is taken (by the app's own tools or an earlier entry)",
+                "invalid_body",
+            )
+        taken.add(declared.name)
+        try:
+            made.append(
+                define_tool(
+                    declared.name, declared.description, object_schema(declared.parameters), _answered_by_the_client
+                )
+            )
+        except ToolDefinitionError as exc:
+            raise InputRefusal(400, f"tools[{index}]: {exc}", "invalid_body") from None
+    return made
+
+
+def hand_off(
+    names: frozenset[str], thread_id: str, run_id: str
+) -> Callable[[AsyncIterator[Event], AbortController], AsyncIterator[Event]]:
+    """AG-UI's frontend tool semantics over a run's events: the run ends after a frontend tool call.
+
+    Right after the TOOL_CALL_END of a call to one of ``names`` comes RUN_FINISHED (outcome success,
+    that call pending), then the agent is stopped: the client runs the tool and sends its result in
+    the next RunAgentInput, which starts the next run. The log keeps nothing after RUN_FINISHED
+    (``boxwright.runs``), so the agent's own end never reaches the client.
+    """
+
+    def wrap(events: AsyncIterator[Event], abort: AbortController) -> AsyncIterator[Event]:
+        async def handed_off() -> AsyncIterator[Event]:
+            called: dict[str, str] = {}
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                async for event in events:
+                    yield event
+                    if isinstance(event, ToolCallStartEvent):
+                        called[event.tool_call_id] = (event.tool_name or event.tool_call_name).removeprefix(
+                            _BRIDGE_PREFIX
+                        )
+                    elif isinstance(event, ToolCallEndEvent) and called.get(event.tool_call_id) in names:
+                        yield RunFinishedEvent(
+                            thread_id=thread_id,
+                            run_id=run_id,
+                            outcome=RunFinishedSuccessOutcome(pending_tool_call_ids=[event.tool_call_id]),
+                            timestamp=now_ms(),
+                        )
+                        # The turn is the client's now: stop the agent (its sandbox goes with it).
+                        abort.abort(RUN_CANCEL_REASON)
+
+        return handed_off()
+
+    return wrap
+
+
 # -- the answer: the run's log as one AG-UI run ----------------------------------------------------
 
 
@@ -373,15 +458,18 @@ def agui_routes(service: Any, *, spec_for: Any, bounded_body: Any) -> list[BaseR
             messages = conversation(body)
             prompt = messages[-1].content
             spec = await spec_for(service, StartRunRequest(prompt=prompt, thread_id=body.thread_id, run_id=body.run_id))
+            app_tools = list(spec.tools or ())
+            offered = frontend_tools(body, app_tools)
             run_id = await service.start_run(
                 spec.sandbox,
                 spec.harness,
                 messages,
                 thread_id=body.thread_id,
                 run_id=body.run_id,
-                tools=spec.tools,
+                tools=[*app_tools, *offered] if offered or spec.tools is not None else None,
                 durable=spec.durable,
                 file_hooks=spec.file_hooks,
+                wrap=hand_off(frozenset(t.name for t in offered), body.thread_id, body.run_id) if offered else None,
             )
         except InputRefusal as refusal:
             return refusal.response()

@@ -67,8 +67,8 @@ from boxwright.takeover import RunClaim, align_to_stored_log, is_out_of_band, sa
 from boxwright.tool_bridge import HostToolBridge
 from boxwright.tool_bridge.tools import Tool
 
-from .approvals import ApprovalAnswer, ApprovalDesk
 from .agui import agui_routes
+from .approvals import ApprovalAnswer, ApprovalDesk
 from .delivery import json_response, long_poll_response, sse_response, websocket_tail
 
 log = logging.getLogger("boxwright.middleware")
@@ -378,6 +378,7 @@ class SandboxService:
         file_hooks: Sequence[RunFileHooks] = (),
         session_id: str | None = None,
         mode: RunMode = "host-driven",
+        wrap: Callable[[AsyncIterator[Event], AbortController], AsyncIterator[Event]] | None = None,
     ) -> str:
         """Record the run and start driving it in the background; returns its id at once.
 
@@ -385,6 +386,8 @@ class SandboxService:
         dropped driver detach instead of destroying. A run id that already has a record starts
         nothing (a retried trigger); one of another thread raises ``RunThreadMismatchError``,
         also when both requests come at once (the record's insert is atomic: one of them wins).
+        ``wrap(events, abort)`` sees the agent's events before the log does, with the run's own
+        cancel band (the AG-UI route ends a turn there when the agent calls a frontend tool).
         """
         run_id = check_run_id(run_id or uuid.uuid4().hex)
         check_thread_id(thread_id)
@@ -451,6 +454,8 @@ class SandboxService:
             mode=mode,
             runner_secret=self._runner_secret,
         )
+        if wrap is not None:
+            events = wrap(events, abort)
         if active is not None:
             events = self._after(active.run_id, abort.signal, events)
         detached = (lambda: durability.detached) if durability is not None else None

@@ -148,7 +148,40 @@ async function tanstack() {
   return result;
 }
 
-const scenarios = { httpagent, tanstack };
+// A frontend tool: the agent calls it, the run ends with that call pending, the client answers it in its next input.
+async function frontend() {
+  const agent = new HttpAgent({
+    url: `${args.url}/agui`,
+    threadId: args.threadId,
+    initialMessages: [{ id: "u-1", role: "user", content: args.prompt }],
+  });
+  const runs = [];
+  for (const [index, runId] of args.runIds.entries()) {
+    const events = [];
+    let error = null;
+    let finished = null;
+    try {
+      await agent.runAgent(
+        { runId, tools: args.tools },
+        {
+          onEvent: ({ event }) => void events.push(event),
+          onRunFinishedEvent: (params) => void (finished = { outcome: params.outcome, pending: params.pendingToolCallIds ?? [] }),
+        },
+      );
+    } catch (caught) {
+      error = describe(caught);
+    }
+    runs.push({ runId, error, events, finished, messages: structuredClone(agent.messages) });
+    if (index + 1 < args.runIds.length) {
+      for (const id of finished?.pending ?? []) {
+        agent.addMessage({ id: `tool-${id}`, role: "tool", toolCallId: id, content: args.answer });
+      }
+    }
+  }
+  return { runs };
+}
+
+const scenarios = { httpagent, tanstack, frontend };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios).join(", ")}`);

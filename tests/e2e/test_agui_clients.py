@@ -55,6 +55,11 @@ SCRIPTS: dict[str, list[Step]] = {
         Text("never said"),
     ],
     "broken": [HttpError(400, "the fake model refuses this request")],
+    "frontend": [
+        ToolCall("mcp__boxwright__get_weather", {"city": "Paris"}),
+        Text("never said: the client has the turn"),
+    ],
+    "frontend-answered": [Text("It is 21 degrees in Paris.")],
     "handover": [Text(f"Taking over {PAUSE} mid message, then the rest of the answer arrives from the successor.")],
 }
 
@@ -426,3 +431,51 @@ def test_tanstack_chat_client_rebuilds_the_run_over_sse_and_over_the_durable_str
         assert said == "".join(want["texts"].values()), (said, want["texts"])
         called = sorted(p["name"] for p in parts if p["type"] == "tool-call")
         assert called == sorted(name for name, _ in want["calls"].values()), parts
+
+
+def test_a_frontend_tool_is_called_by_the_agent_and_answered_by_the_client(
+    stack: tuple[Path, PausingModel, str], tmp_path: Path
+) -> None:
+    """AG-UI semantics: the run ends after the frontend tool call (RUN_FINISHED, that call pending); the
+    client's next RunAgentInput carries the tool result and starts the next run, which uses it."""
+    project, model, claude = stack
+    db = tmp_path / "agui.db"
+    thread_id, run_id = _ids("frontend")
+    tools = [
+        {
+            "name": "get_weather",
+            "description": "The weather in a city, as the user's device reports it.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        }
+    ]
+    args = {
+        "url": "",
+        "threadId": thread_id,
+        "runIds": [run_id, f"{run_id}-2"],
+        "prompt": "[[script:frontend]] what is the weather in Paris?",
+        "tools": tools,
+        "answer": "[[script:frontend-answered]] 21 degrees and sunny",
+    }
+    with app(tmp_path, claude, model) as a:
+        result = result_of(node(project, "frontend", {**args, "url": a.url}))
+        first_log, second_log = stored(db, run_id), stored(db, f"{run_id}-2")
+        requests = model.model_requests()
+        logs = a.logs()
+    first, second = result["runs"]
+    assert first["error"] is None and second["error"] is None, (first["error"], second["error"], logs)
+    _assert_client_saw_the_log(first, first_log)
+    _assert_client_saw_the_log(second, second_log)
+    call = next(e for _, e in first_log if isinstance(e, ev.ToolCallStartEvent))
+    assert call.tool_call_name == "get_weather", call
+    # The run ended right after the call: RUN_FINISHED with the call pending, no result, nothing after.
+    types = [e.type for _, e in first_log]
+    assert types[-2:] == ["TOOL_CALL_END", "RUN_FINISHED"] and "TOOL_CALL_RESULT" not in types, types
+    assert first["finished"] == {"outcome": "success", "pending": [call.tool_call_id]}, first["finished"]
+    assert (record_row(db, run_id) or {}).get("status") == "completed"
+    assert json.loads(rebuilt(first["messages"])["calls"][call.tool_call_id][1]) == {"city": "Paris"}
+    # The next run got the client's answer and finished the turn with it.
+    assert "21 degrees and sunny" in json.dumps(requests[-1].body["messages"])
+    said = "".join(rebuilt(second["messages"])["texts"].values())
+    assert "It is 21 degrees in Paris." in said, said
+    assert (record_row(db, f"{run_id}-2") or {}).get("status") == "completed"
+    assert not any("never said" in getattr(e, "delta", "") for _, e in first_log)
