@@ -29,7 +29,7 @@ from .errors import (
     RunDriverPipeOutsideClaimError,
     RunLogNotQuiescentError,
 )
-from .events import CustomEvent, Event, chunk_fingerprint
+from .events import CustomEvent, Event, RunErrorEvent, chunk_fingerprint
 from .runs import (
     RUN_CANCEL_REASON,
     START_OFFSET,
@@ -105,9 +105,10 @@ async def align_to_stored_log(
 
     ``snapshot`` is called once, before the first pull. Stored entries are
     matched in order; a stored out-of-band entry with no counterpart is skipped
-    (at most ``max_out_of_band_skip`` in a row); any other mismatch raises
-    ``JournalReplayDivergedError`` and forwards nothing for it. A replay that
-    ends before the stored log does raises too.
+    (at most ``max_out_of_band_skip`` in a row); a replayed RUN_ERROR the log does
+    not hold is forwarded and ends the replay (the successor's drive failed, and
+    says why); any other mismatch raises ``JournalReplayDivergedError`` and forwards
+    nothing for it. A replay that ends before the stored log does raises too.
     """
     stored = list(await snapshot())
     skippable = out_of_band or (lambda _event: False)
@@ -130,6 +131,11 @@ async def align_to_stored_log(
                 continue
             if skippable(event):
                 break  # a replayed out-of-band event the log does not hold here: dropped, not forwarded
+            if isinstance(event, RunErrorEvent):
+                # The replay itself failed (no journal to read, a runner that cannot re-attach): its error is
+                # the run's end and says why; a "divergence" at this index would hide the reason.
+                yield event
+                return
             stored_thread, replayed_thread = chunk_thread_id(expected), chunk_thread_id(event)
             if (
                 stored_thread != replayed_thread

@@ -10,6 +10,7 @@ import pytest
 from boxwright.events import (
     CustomEvent,
     Event,
+    RunErrorEvent,
     RunFinishedEvent,
     RunStartedEvent,
     TextMessageContentEvent,
@@ -82,6 +83,12 @@ def test_divergence_raises_with_the_index_and_forwards_nothing_for_it() -> None:
     assert err.value.index == 2 and err.value.replayed == replay[2]
     with pytest.raises(JournalReplayDivergedError, match="at event 0"):
         _align(RUN, [TextMessageStartEvent(message_id="x")])
+
+
+def test_a_replay_that_failed_forwards_its_error_as_the_runs_end() -> None:
+    # A successor that cannot read the run (a co-located runner that cannot re-attach) says why, once.
+    failed = RunErrorEvent(message="driver lost; runner cannot re-attach", code="colocated_runner_failed")
+    assert _align(RUN[:4], [*_later(RUN[:1]), failed, *_later(RUN[1:2])]) == [failed]
 
 
 def test_a_replay_shorter_than_the_log_raises() -> None:
