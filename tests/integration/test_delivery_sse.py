@@ -209,11 +209,13 @@ def test_sse_resume_after_disconnect_gets_every_remaining_event_once(tmp_path: P
             # Half the deltas, then the client goes away mid-run.
             first, status = await read_sse(stack.client, f"/runs/{run_id}/events", stop=lambda s: deltas_seen(s) >= 8)
             assert status is None
-            assert first[0].json() == {
+            # AG-UI order (issue 18): the run's RUN_STARTED, then the run.accepted announcement.
+            assert first[0].json()["type"] == "RUN_STARTED"
+            assert first[1].json() == {
                 "type": "CUSTOM",
                 "name": "run.accepted",
-                "value": {"runId": run_id, "threadId": first[0].json()["value"]["threadId"]},
-                "timestamp": first[0].json()["timestamp"],
+                "value": {"runId": run_id, "threadId": first[1].json()["value"]["threadId"]},
+                "timestamp": first[1].json()["timestamp"],
             }
             await stack.wait_reads_closed()
             record = (await stack.client.get(f"/runs/{run_id}")).json()

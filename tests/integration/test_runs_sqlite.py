@@ -178,7 +178,7 @@ def test_pipe_and_controller_on_sqlite(tmp_path):
     assert records == stored
     for i, (record, events) in enumerate(zip(records, seen, strict=True)):
         assert record.status == "completed" and record.usage == ev.TokenUsage(output_tokens=40)
-        assert [e.type for e in events][:2] == ["CUSTOM", "RUN_STARTED"] and len(events) == 43
+        assert [e.type for e in events][:2] == ["RUN_STARTED", "CUSTOM"] and len(events) == 43
         assert [e.delta for e in events if e.type == "TEXT_MESSAGE_CONTENT"] == [str(n) for n in range(40)]
         assert {e.message_id for e in events if e.type == "TEXT_MESSAGE_CONTENT"} == {f"run-{i}"}
 
@@ -231,7 +231,7 @@ def test_d3_pipe_fenced_across_connections(tmp_path):
             return record, await driver_log.snapshot("r"), await driver_log.is_closed("r")
 
     record, stored, closed = run(scenario())
-    assert [e.type for e in stored] == ["CUSTOM", "RUN_STARTED"]
+    assert [e.type for e in stored] == ["RUN_STARTED", "CUSTOM"]
     assert record.status == "running" and record.driver_epoch == 2 and not closed
 
 
