@@ -2,7 +2,8 @@
 model on the host; the app host that started the run (a real app under uvicorn, a subprocess) is SIGKILLed while the
 agent is in a tool call; a second host process takes the run over by attaching to the runner, and the run completes.
 
-Also the runner's attach route refuses a wrong token (401) and an unknown run id (404).
+Also the runner's attach route refuses a wrong token (401) and an unknown run id (404), a successor with no runner
+to attach to says so, and a durable co-located run with no runner secret is refused before it starts.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from boxwright.colocated import runner_token
+from boxwright.colocated import ColocatedRunError, colocated_drive, runner_token
 from boxwright.events import (
     CustomEvent,
     RunFinishedEvent,
@@ -33,7 +34,9 @@ from boxwright.events import (
     ToolCallStartEvent,
     chunk_fingerprint,
 )
+from boxwright.harnesses.base import Message
 from boxwright.sandbox import ProcessOptions
+from boxwright.scrub import EventScrubber
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
 from tests.support.colocated_app import CASE_LABEL
 from tests.support.docker import (
@@ -184,13 +187,39 @@ def test_a_successor_host_attaches_to_the_runner_after_a_sigkill_mid_tool_call(t
     wait_for("the run's container to be removed", lambda: labelled_containers() == [], timeout=30, interval=0.2)
 
 
-def test_runner_attach_refuses_a_wrong_token_and_an_unknown_run() -> None:
+def test_runner_attach_refuses_a_wrong_token_and_an_unknown_run(monkeypatch: pytest.MonkeyPatch) -> None:
     from boxwright.providers.docker import docker_sandbox
+
+    monkeypatch.delenv("BOXWRIGHT_RUNNER_SECRET", raising=False)
+
+    async def drive(handle: object, **options: object) -> None:
+        stream = colocated_drive(
+            handle,  # type: ignore[arg-type]
+            None,
+            run_id="r1",
+            thread_id="t1",
+            messages=[Message(role="user", content="hi")],
+            tools=[],
+            host_env={},
+            scrub=EventScrubber(),
+            signal=None,
+            durable=True,
+            **options,  # type: ignore[arg-type]
+        )
+        async with contextlib.aclosing(stream):
+            async for _event in stream:
+                pass
 
     async def main() -> None:
         handle = await docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}).create()
         try:
             host = await handle.address()
+            # No runner answers in the box: a successor says the run cannot be re-attached, and why.
+            with pytest.raises(ColocatedRunError, match="driver lost; runner cannot re-attach: ConnectError"):
+                await drive(handle, attach=True, runner_secret=SECRET)
+            # A durable run whose token no other host could derive is refused before anything starts.
+            with pytest.raises(ColocatedRunError, match=r"needs a runner secret .* set \$BOXWRIGHT_RUNNER_SECRET"):
+                await drive(handle)
             token = runner_token(SECRET, handle.id)
             runner = await handle.process.spawn(
                 f"exec python -m boxwright.runner --host {host} --port 8080",
