@@ -132,6 +132,9 @@ def test_stop_ends_the_run_aborted_and_its_sandbox_is_gone(tmp_path: Path) -> No
             assert record["status"] == "aborted" and record["cancelRequested"] is True
             assert os.listdir(stack.sandboxes) == [], "the cancelled run's sandbox directory is gone"
             assert await page.locator("#stop").is_disabled()
+            await page.set_viewport_size({"width": 390, "height": 844})  # a phone
+            overflow = await page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"the page scrolls sideways on a phone by {overflow} px"
             assert "the tests pass." not in await page.inner_text("#events"), "the agent stopped waiting"
 
     asyncio.run(main())

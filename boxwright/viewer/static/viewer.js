@@ -467,7 +467,8 @@ async function startRun(event) {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ threadId, prompt, messages: [{ role: "user", content: prompt }],
-        metadata: { harness, provider, ...(repo ? { repo } : {}) } }),
+        // `sandbox` too: a coordinator names its sandbox profiles so (metadata.sandbox).
+        metadata: { harness, provider, sandbox: provider, ...(repo ? { repo } : {}) } }),
     });
     const body = await response.json().catch(() => ({}));
     if (response.status !== 202) throw new Error(body.error || `the server answered ${response.status}`);
