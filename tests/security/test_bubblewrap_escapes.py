@@ -9,10 +9,8 @@ checks on the host that nothing changed.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import time
@@ -24,12 +22,16 @@ import pytest
 
 from boxwright.providers import _seccomp, bubblewrap_sandbox
 from boxwright.providers import bubblewrap as bw
+from tests.support import escapes
+from tests.support.escapes import EPERM
+from tests.support.escapes import host_mounts as _mounts
+from tests.support.escapes import python as _python
+from tests.support.escapes import syscall_numbers as _syscall_numbers
 from tests.support.require import missing
 
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
-EPERM = 1
 
 
 @pytest.fixture(autouse=True)
@@ -50,23 +52,6 @@ def _run(body: Callable[[Any], Awaitable[T]], base_dir: Path) -> T:
             await handle.destroy()
 
     return asyncio.run(main())
-
-
-def _python(code: str) -> str:
-    return f"/usr/bin/python3 -c {shlex.quote(code)}"
-
-
-def _syscall_numbers(*names: str) -> dict[str, int]:
-    """This architecture's numbers, from libseccomp (the sandbox runs on the same kernel)."""
-    lib = ctypes.CDLL("libseccomp.so.2")
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    numbers = {name: lib.seccomp_syscall_resolve_name(name.encode()) for name in names}
-    return {name: nr for name, nr in numbers.items() if nr >= 0}
-
-
-def _mounts() -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        return sorted(line.split(" - ")[0].split(" ", 4)[4] for line in f)
 
 
 def test_the_posture_is_measured_and_full_as_root():
@@ -109,12 +94,7 @@ def test_a_missing_filter_is_a_reported_weaker_posture(monkeypatch):
 def test_remount_usr_read_write_fails_and_usr_is_untouched(tmp_path):
     name = f"boxwright-escape-{secrets.token_hex(4)}"
     before = _mounts()
-    mount_syscall = _python(
-        "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
-        "MS_REMOUNT, MS_BIND = 32, 4096; "
-        "rc = libc.mount(b'none', b'/usr', None, MS_REMOUNT | MS_BIND, None); "
-        "print('mount', rc, ctypes.get_errno())"
-    )
+    mount_syscall = _python(escapes.MOUNT_SYSCALL)
 
     async def inside(handle: Any) -> list[Any]:
         return [
@@ -162,7 +142,7 @@ def test_mknod_fails(tmp_path):
 
 
 def test_host_secrets_in_etc_are_not_visible(tmp_path):
-    hidden = ["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssl/private", "/etc/ssh", "/etc/npmrc"]
+    hidden = list(escapes.HIDDEN_ETC)
     present = [path for path in hidden if os.path.exists(path)]
     assert "/etc/shadow" in present, "this test needs a host /etc/shadow to hide"
     with open("/etc/shadow", "rb") as f:
@@ -191,15 +171,13 @@ def test_host_secrets_in_etc_are_not_visible(tmp_path):
 
 def test_writes_outside_the_workspace_fail(tmp_path):
     name = f"boxwright-escape-{secrets.token_hex(4)}"
-    targets = ["/", "/usr", "/usr/bin", "/etc", "/root", "/home", "/var", "/opt", "/proc/sys/kernel", "/workspace/.."]
+    targets = list(escapes.OUTSIDE_TARGETS)
 
     async def inside(handle: Any) -> tuple[Any, Any, str, str]:
         state = handle.id
         host_paths = [state, os.path.dirname(state), os.path.join(state, "etc"), str(tmp_path)]
-        script = "; ".join(
-            f"(echo x > {t.rstrip('/')}/{name}) 2>/dev/null && echo wrote:{t}" for t in [*targets, *host_paths]
-        )
-        sysctl = await handle.process.exec("echo 1 > /proc/sys/kernel/sysrq && echo SYSCTL")
+        script = escapes.write_outside(name, [*targets, *host_paths])
+        sysctl = await handle.process.exec(escapes.SYSCTL_WRITE)
         return (
             await handle.process.exec(script + "; echo inside > /workspace/ok.txt"),
             sysctl,
@@ -219,15 +197,7 @@ def test_writes_outside_the_workspace_fail(tmp_path):
 def test_host_processes_cannot_be_traced_or_signalled(tmp_path):
     host = subprocess.Popen(["sleep", f"3{secrets.randbelow(10**6)}"])
     numbers = _syscall_numbers("ptrace", "process_vm_readv")
-    code = (
-        "import ctypes, os, sys\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        f"pid = {host.pid}\n"
-        "print('ptrace', libc.ptrace(16, pid, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH
-        "print('seize', libc.ptrace(0x4206, pid, 0, 0), ctypes.get_errno())\n"  # PTRACE_SEIZE
-        "try:\n    os.kill(pid, 9); print('kill ok')\nexcept OSError as e:\n    print('kill', e.errno)\n"
-        "print('proc', os.path.exists(f'/proc/{pid}/mem'))\n"
-    )
+    code = escapes.host_process_probe(host.pid)
     try:
 
         async def inside(handle: Any) -> Any:
@@ -344,54 +314,21 @@ def test_another_sandboxs_workspace_is_out_of_sight(tmp_path):
 
 
 def test_unshare_mount_and_kernel_surfaces_are_refused_inside(tmp_path):
-    names = (
-        "unshare",
-        "setns",
-        "mount",
-        "umount2",
-        "pivot_root",
-        "keyctl",
-        "add_key",
-        "request_key",
-        "bpf",
-        "perf_event_open",
-        "kexec_load",
-        "init_module",
-        "finit_module",
-        "delete_module",
-        "open_tree",
-        "fsopen",
-        "clone3",
-        "clone",
-    )
-    numbers = _syscall_numbers(*names)
+    numbers = _syscall_numbers(*escapes.KERNEL_SYSCALLS)
     assert "unshare" in numbers and "mount" in numbers, numbers
-    clone_newuser = 0x10000000 | 17  # CLONE_NEWUSER | SIGCHLD
-    code = (
-        "import ctypes\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        f"numbers = {numbers!r}\n"
-        "args = {'clone': (" + str(clone_newuser) + ", 0, 0, 0, 0), 'unshare': (0x10000000,)}\n"
-        "for name, nr in numbers.items():\n"
-        "    ctypes.set_errno(0)\n"
-        "    rc = libc.syscall(nr, *args.get(name, (0, 0, 0, 0, 0)))\n"
-        "    print(name, rc, ctypes.get_errno())\n"
-    )
+    code = escapes.kernel_syscall_probe(numbers)
     before = _mounts()
 
     async def inside(handle: Any) -> list[Any]:
         return [
             await handle.process.exec(_python(code)),
-            await handle.process.exec("unshare -U -r true && echo UNSHARED"),
-            await handle.process.exec("unshare -m true && echo UNSHARED"),
-            await handle.process.exec("mkdir -p /tmp/m && mount -t tmpfs none /tmp/m && echo MOUNTED"),
-            await handle.process.exec("umount /proc && echo UNMOUNTED"),
+            *[await handle.process.exec(command) for command in escapes.SHELL_UNSHARE_AND_MOUNT],
             # A positive control: ordinary process creation still works under the clone rules.
-            await handle.process.exec(_python("import subprocess; print(subprocess.run(['true']).returncode)")),
+            await handle.process.exec(_python(escapes.SPAWN_CONTROL)),
         ]
 
     calls, *shell, control = _run(inside, tmp_path)
-    got = dict((line.split()[0], line.split()[1:]) for line in calls.stdout.splitlines())
+    got = escapes.parse_calls(calls.stdout)
     assert calls.exit_code == 0, calls
     for name in numbers:
         expected = ["-1", "38"] if name == "clone3" else ["-1", str(EPERM)]  # clone3: ENOSYS, glibc falls back

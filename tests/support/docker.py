@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -60,7 +61,13 @@ def docker_config(image: str = BASE_IMAGE, **extra: Any) -> ProviderSuiteConfig:
 
     async def create() -> tuple[Any, Any]:
         handle = await provider.create()
-        return handle, handle.destroy
+
+        async def dispose() -> None:
+            await handle.destroy()
+            # A snapshot outlives its sandbox by design (restore after destroy): the suite's (C16) go here.
+            await asyncio.to_thread(remove_images, snapshots_of(handle.id))
+
+        return handle, dispose
 
     return ProviderSuiteConfig(
         name="docker",
@@ -73,8 +80,9 @@ def docker_config(image: str = BASE_IMAGE, **extra: Any) -> ProviderSuiteConfig:
     )
 
 
-def labelled_containers(label: str = TEST_LABEL) -> list[str]:
-    """Ids of containers (running or not) that carry ``label``."""
+def labelled_containers(label: str | None = None) -> list[str]:
+    """Ids of containers (running or not) that carry ``label`` (by default: this session's)."""
+    label = label or session_label()
     run = subprocess.run(
         ["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={label}"], capture_output=True, text=True, timeout=30
     )
@@ -95,6 +103,32 @@ def labelled_images(label: str) -> list[str]:
         timeout=30,
     )
     return sorted(set(run.stdout.split()))
+
+
+def snapshots_of(container: str) -> list[str]:
+    """The snapshot images committed from ``container`` (their tags start with its short id)."""
+    run = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", "boxwright-snapshot"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return [ref for ref in run.stdout.split() if ref.split(":", 1)[1].startswith(f"{container[:12]}-")]
+
+
+def _session_snapshot_tags() -> list[str]:
+    run = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"label={session_label()}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return [ref for ref in run.stdout.split() if ref.startswith("boxwright-snapshot:")]
+
+
+def _image_id(ref: str) -> str:
+    run = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    return run.stdout.strip()
 
 
 def remove_images(ids: list[str]) -> None:
@@ -121,9 +155,20 @@ def repo_setup() -> list[str]:
 
 @pytest.fixture(scope="module")
 def no_leaked_containers() -> Iterator[None]:
-    """After a module's tests, no container with the tests' label is left (use it with ``usefixtures``)."""
+    """After a module's tests, no container of this session is left (use it with ``usefixtures``).
+
+    The after-setup snapshots ``ensure()`` keeps for a thread by design (restore after a destroy) are the
+    module's to remove once its sandboxes are gone: removed here. Any other image a test leaves behind
+    is a leak the session-end check in tests/conftest.py reports.
+    """
+    engine = engine_problem() is None
+    before = set(labelled_images(session_label())) if engine else set()
     yield
-    if engine_problem() is None:
+    if engine:
+        kept = [
+            ref for ref in _session_snapshot_tags() if ref.endswith("-after-setup") and _image_id(ref) not in before
+        ]
+        remove_images(kept)
         deadline = time.monotonic() + 10
         while (left := labelled_containers()) and time.monotonic() < deadline:
             time.sleep(0.2)  # a destroy under way in a thread that just returned
