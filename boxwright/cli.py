@@ -504,7 +504,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from boxwright.streams.serve import serve_streams
 
     limits = StreamsLimits(long_poll_timeout=args.long_poll_timeout, max_body=args.max_body)
-    serve_streams(args.host, args.port, database=args.db, limits=limits)
+    try:
+        serve_streams(args.host, args.port, database=args.db, limits=limits, store=args.store)
+    except ValueError as exc:  # a store URL it cannot open
+        _usage_error(f"boxwright serve --streams: {exc}")
     return 0
 
 
@@ -512,7 +515,9 @@ def _add_serve(sub: Any) -> None:
     serve = sub.add_parser(
         "serve", help="serve the coordinator over HTTP (--streams: a bare Durable Streams server instead)"
     )
-    serve.add_argument("--streams", action="store_true", help="any path is a Durable Streams stream (SQLite)")
+    serve.add_argument(
+        "--streams", action="store_true", help="any path is a Durable Streams stream (stored in --store, or --db)"
+    )
     serve.add_argument(
         "--store",
         default=None,

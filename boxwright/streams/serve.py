@@ -1,4 +1,4 @@
-"""``boxwright serve --streams``: the Durable Streams server standalone, under uvicorn."""
+"""``boxwright serve --streams [--store URL]``: the Durable Streams server standalone, under uvicorn."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import os
 import uvicorn
 
 from boxwright.config import database_path
-from boxwright.stores.sqlite import open_database, sqlite_run_backend
+from boxwright.stores.open import REDIS_SCHEMES, open_store, sqlite_path
 from boxwright.streams.app import StreamsApp, StreamsLimits
 from boxwright.streams.runlog import RunStreams
-from boxwright.streams.store import StreamStore
+from boxwright.streams.store import StreamPersistence, StreamStore
 from boxwright.tool_bridge.guard import ServerLimits, guarded_protocol
 
 # Read timeouts and a connection cap like every listener boxwright starts (tool_bridge.guard), with
@@ -18,23 +18,48 @@ from boxwright.tool_bridge.guard import ServerLimits, guarded_protocol
 STREAMS_SERVER_LIMITS = ServerLimits(keep_alive_timeout_s=75.0, max_connections=1024)
 
 
-def streams_app(database: str | os.PathLike[str] | None = None, limits: StreamsLimits | None = None) -> StreamsApp:
-    """The protocol app over SQLite at ``database`` (default: boxwright's database); starts on lifespan.
+def streams_app(
+    database: str | os.PathLike[str] | None = None,
+    limits: StreamsLimits | None = None,
+    *,
+    store: str | None = None,
+) -> StreamsApp:
+    """The protocol app over ``store`` (a store URL: ``sqlite:///PATH`` or ``redis://HOST:PORT/DB``), or over
+    SQLite at ``database`` (default: boxwright's database); starts on lifespan.
 
-    ``/runs/{id}/stream`` serves the run logs of the same database read-only, so runs driven by
-    other processes on that file can be tailed by any Durable Streams client.
+    ``/runs/{id}/stream`` serves the run logs of the same store read-only, so runs driven by
+    other processes (or, on Redis, other hosts) can be tailed by any Durable Streams client.
     """
-    path = database_path() if database is None else os.fspath(database)
     limits = limits or StreamsLimits()
-    db = open_database(path)
-    runs, log = sqlite_run_backend(db)
-    run_streams = RunStreams(runs, log, long_poll_timeout=limits.long_poll_timeout, sse_max_age=limits.sse_max_age)
-    return StreamsApp(StreamStore(path), limits, run_streams=run_streams, on_shutdown=db.close)
+    url = (
+        store
+        if store is not None
+        else f"sqlite:///{os.path.abspath(database_path() if database is None else database)}"
+    )
+    stores = open_store(url)
+    run_streams = RunStreams(
+        stores.runs, stores.events, long_poll_timeout=limits.long_poll_timeout, sse_max_age=limits.sse_max_age
+    )
+    persistence: StreamPersistence | str
+    if url.startswith(REDIS_SCHEMES):
+        from boxwright.streams.redis_store import RedisStreamPersistence
+
+        persistence = RedisStreamPersistence(url)
+    else:
+        persistence = sqlite_path(url)
+    return StreamsApp(StreamStore(persistence), limits, run_streams=run_streams, on_shutdown=stores.close)
 
 
-def serve_streams(host: str, port: int, *, database: str | None = None, limits: StreamsLimits | None = None) -> None:
+def serve_streams(
+    host: str,
+    port: int,
+    *,
+    database: str | None = None,
+    limits: StreamsLimits | None = None,
+    store: str | None = None,
+) -> None:
     config = uvicorn.Config(
-        streams_app(database, limits),
+        streams_app(database, limits, store=store),
         host=host,
         port=port,
         lifespan="on",

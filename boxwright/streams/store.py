@@ -16,6 +16,11 @@ connection waits for it (``busy_timeout``), as loads always do.
 
 One process owns a database's streams (``boxwright serve --streams``): the memory is the
 authority between commits, so a second writer process on the same file is not supported.
+
+Where the commits go is a ``StreamPersistence``: ``SqliteStreamPersistence`` (this module, the
+default) or ``boxwright.streams.redis_store.RedisStreamPersistence``. A change is a list of
+``Statement``s, ``(op, params)`` with ``op`` one of the ``*_OP`` names below; each persistence
+writes a group commit's statements, in order, as one transaction.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from boxwright.stores.sqlite import BUSY_TIMEOUT_MS
 from boxwright.streams.protocol import media_type, parse_expires_at
@@ -71,15 +76,72 @@ CREATE TABLE IF NOT EXISTS ds_producers (
 ) WITHOUT ROWID;
 """
 
-_INSERT_MESSAGE = "INSERT INTO ds_messages (stream_id, idx, end_pos, data) VALUES (?, ?, ?, ?)"
-UPSERT_PRODUCER = (
-    "INSERT INTO ds_producers (stream_id, producer_id, epoch, last_seq, last_offset) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, "
-    "last_offset = excluded.last_offset"
-)
-_UPDATE_STATE = "UPDATE ds_streams SET closed = ?, stream_seq = ?, closed_by = ?, touched_ms = ? WHERE id = ?"
+# The change vocabulary, with each op's params.
+# (id, path, content_type, ttl, expires_at, closed, touched_ms, stream_seq, closed_by, parent, fork_config)
+CREATE_OP = "create"
+MESSAGE_OP = "message"  # (stream_id, idx, end_pos, data)
+UPSERT_PRODUCER = "producer"  # (stream_id, producer_id, epoch, last_seq, last_offset)
+STATE_OP = "state"  # (closed, stream_seq, closed_by, touched_ms, id)
+CHILDREN_OP = "children"  # (children, id)
+SOFT_DELETE_OP = "soft-delete"  # (id,)
+DROP_OP = "drop"  # (id, path): the stream, its messages and producers
 
 Statement = tuple[str, tuple[Any, ...]]
+# What ``StreamPersistence.load`` returns: the stream's row (id, content_type, ttl, expires_at, closed,
+# touched_ms, stream_seq, closed_by, parent, fork_config, children, soft_deleted), its messages as
+# (end_pos, data) in order, its producers as (producer_id, epoch, last_seq, last_offset).
+Loaded = tuple[tuple[Any, ...], list[tuple[int, bytes]], list[tuple[str, int, int, int]]]
+# A group commit: each change's statements, flagged when it is a plain append (mergeable with others).
+Steps = list[tuple[bool, list[Statement]]]
+
+
+@runtime_checkable
+class StreamPersistence(Protocol):
+    """Where a ``StreamStore`` commits; the store calls it from one writer task, one batch at a time."""
+
+    @property
+    def location(self) -> str:
+        """What a log line names: a file path or a store URL without its password."""
+        ...
+
+    async def open(self) -> int:
+        """Connect (creating the schema if needed) and return the highest stream id stored (0 if none)."""
+        ...
+
+    async def load(self, path: str) -> Loaded | None:
+        """The newest stream stored at ``path``, or ``None``."""
+        ...
+
+    async def write(self, steps: Steps) -> None:
+        """Write every statement of ``steps``, in order, as one transaction (all or nothing)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+_SQL: dict[str, str] = {
+    CREATE_OP: "INSERT INTO ds_streams (id, path, content_type, ttl, expires_at, closed, touched_ms, stream_seq, "
+    "closed_by, parent, fork_config) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    MESSAGE_OP: "INSERT INTO ds_messages (stream_id, idx, end_pos, data) VALUES (?, ?, ?, ?)",
+    UPSERT_PRODUCER: "INSERT INTO ds_producers (stream_id, producer_id, epoch, last_seq, last_offset) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, "
+    "last_seq = excluded.last_seq, last_offset = excluded.last_offset",
+    STATE_OP: "UPDATE ds_streams SET closed = ?, stream_seq = ?, closed_by = ?, touched_ms = ? WHERE id = ?",
+    CHILDREN_OP: "UPDATE ds_streams SET children = ? WHERE id = ?",
+    SOFT_DELETE_OP: "UPDATE ds_streams SET soft_deleted = 1 WHERE id = ?",
+}
+_DROP_SQL = (
+    "DELETE FROM ds_messages WHERE stream_id = ?",
+    "DELETE FROM ds_producers WHERE stream_id = ?",
+    "DELETE FROM ds_streams WHERE id = ?",
+)
+
+
+def _sql(statement: Statement) -> list[tuple[str, tuple[Any, ...]]]:
+    op, params = statement
+    if op == DROP_OP:
+        return [(sql, (params[0],)) for sql in _DROP_SQL]
+    return [(_SQL[op], params)]
 
 
 @dataclass
@@ -157,13 +219,13 @@ class Stream:
         statements: list[Statement] = []
         for item in items:
             end = end + 1 if self.json else end + len(item)
-            statements.append((_INSERT_MESSAGE, (self.id, len(self.items), end, item)))
+            statements.append((MESSAGE_OP, (self.id, len(self.items), end, item)))
             self.items.append(item)
             self.ends.append(end)
         return statements
 
     def state_statement(self) -> Statement:
-        return (_UPDATE_STATE, (int(self.closed), self.stream_seq, self.closed_by, int(self.touched * 1000), self.id))
+        return (STATE_OP, (int(self.closed), self.stream_seq, self.closed_by, int(self.touched * 1000), self.id))
 
 
 class _Op:
@@ -176,22 +238,19 @@ class _Op:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
-class StreamStore:
-    """Streams by path in the SQLite file at ``path``; ``await start()`` before use, ``await close()`` after."""
+class SqliteStreamPersistence:
+    """Streams in the SQLite file at ``path`` (see the module doc: a fast connection on the loop's thread,
+    and the store's own thread for loads and for batches that must wait for another process's lock)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._streams: dict[str, Stream | None] = {}
-        self._loading: dict[str, asyncio.Future[Stream | None]] = {}
-        self._next_id = 1
-        self._queue: list[_Op] = []
-        self._wakeup = asyncio.Event()
-        self._writer: asyncio.Task[None] | None = None
-        self._closing = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxwright-streams-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._fast: sqlite3.Connection | None = None
-        self.commits = 0  # transactions written: fewer than changes when group commit merges them
+
+    @property
+    def location(self) -> str:
+        return self.path
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -217,8 +276,100 @@ class StreamStore:
             raise RuntimeError("the stream store is not open (start() it first)")
         return self._conn
 
+    async def open(self) -> int:
+        return int(await self._call(self._open))
+
+    def _load_rows(self, path: str) -> Loaded | None:
+        conn = self._connection()
+        row = conn.execute(
+            "SELECT id, content_type, ttl, expires_at, closed, touched_ms, stream_seq, closed_by, parent, "
+            "fork_config, children, soft_deleted FROM ds_streams WHERE path = ? ORDER BY id DESC LIMIT 1",
+            (path,),
+        ).fetchone()
+        if row is None:
+            return None
+        messages = conn.execute(
+            "SELECT end_pos, data FROM ds_messages WHERE stream_id = ? ORDER BY idx", (row[0],)
+        ).fetchall()
+        producers = conn.execute(
+            "SELECT producer_id, epoch, last_seq, last_offset FROM ds_producers WHERE stream_id = ?", (row[0],)
+        ).fetchall()
+        return tuple(row), [(end, bytes(data)) for end, data in messages], [tuple(p) for p in producers]
+
+    async def load(self, path: str) -> Loaded | None:
+        loaded: Loaded | None = await self._call(self._load_rows, path)
+        return loaded
+
+    async def write(self, steps: Steps) -> None:
+        # Plain appends may share one executemany per statement; anything else runs in order, alone.
+        try:
+            if self._fast is None:
+                raise RuntimeError("the stream store is not open (start() it first)")
+            self._write_sync(steps, self._fast)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            # Another process is writing the file: wait for it on the store's thread, not here.
+            await self._call(self._write_sync, steps, self._connection())
+
+    @staticmethod
+    def _write_sync(steps: Steps, conn: sqlite3.Connection) -> None:
+        grouped: dict[str, list[tuple[Any, ...]]] = {}
+
+        def flush() -> None:
+            for sql, rows in grouped.items():
+                conn.executemany(sql, rows)
+            grouped.clear()
+
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for is_grouped, statements in steps:
+                if is_grouped:
+                    for statement in statements:
+                        for sql, params in _sql(statement):
+                            grouped.setdefault(sql, []).append(params)
+                    continue
+                flush()
+                for statement in statements:
+                    for sql, params in _sql(statement):
+                        conn.execute(sql, params)
+            flush()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._call(self._conn.close)
+            self._conn = None
+        if self._fast is not None:
+            await self._call(self._fast.close)
+            self._fast = None
+        self._thread.shutdown(wait=True)
+
+
+class StreamStore:
+    """Streams by path, committed to ``persistence`` (a ``StreamPersistence``, or the path of a SQLite file);
+    ``await start()`` before use, ``await close()`` after."""
+
+    def __init__(self, persistence: StreamPersistence | str | os.PathLike[str]) -> None:
+        if not isinstance(persistence, StreamPersistence):
+            persistence = SqliteStreamPersistence(persistence)
+        self.persistence = persistence
+        self.path = persistence.location
+        self._streams: dict[str, Stream | None] = {}
+        self._loading: dict[str, asyncio.Future[Stream | None]] = {}
+        self._next_id = 1
+        self._queue: list[_Op] = []
+        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+        self.commits = 0  # transactions written: fewer than changes when group commit merges them
+
     async def start(self) -> None:
-        self._next_id = await self._call(self._open) + 1
+        self._next_id = await self.persistence.open() + 1
         self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="boxwright streams writer")
 
     async def close(self) -> None:
@@ -227,13 +378,7 @@ class StreamStore:
         if self._writer is not None:
             await self._writer
             self._writer = None
-        if self._conn is not None:
-            await self._call(self._conn.close)
-            self._conn = None
-        if self._fast is not None:
-            await self._call(self._fast.close)
-            self._fast = None
-        self._thread.shutdown(wait=True)
+        await self.persistence.close()
 
     def new_id(self) -> int:
         self._next_id += 1
@@ -264,25 +409,8 @@ class StreamStore:
             return None
         return stream
 
-    def _load_rows(self, path: str) -> tuple[Any, list[Any], list[Any]] | None:
-        conn = self._connection()
-        row = conn.execute(
-            "SELECT id, content_type, ttl, expires_at, closed, touched_ms, stream_seq, closed_by, parent, "
-            "fork_config, children, soft_deleted FROM ds_streams WHERE path = ? ORDER BY id DESC LIMIT 1",
-            (path,),
-        ).fetchone()
-        if row is None:
-            return None
-        messages = conn.execute(
-            "SELECT end_pos, data FROM ds_messages WHERE stream_id = ? ORDER BY idx", (row[0],)
-        ).fetchall()
-        producers = conn.execute(
-            "SELECT producer_id, epoch, last_seq, last_offset FROM ds_producers WHERE stream_id = ?", (row[0],)
-        ).fetchall()
-        return row, messages, producers
-
     async def _load(self, path: str) -> Stream | None:
-        found = await self._call(self._load_rows, path)
+        found = await self.persistence.load(path)
         if found is None:
             return None
         row, messages, producers = found
@@ -316,8 +444,7 @@ class StreamStore:
         self._streams[stream.path] = stream
         statements: list[Statement] = [
             (
-                "INSERT INTO ds_streams (id, path, content_type, ttl, expires_at, closed, touched_ms, stream_seq, "
-                "closed_by, parent, fork_config) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                CREATE_OP,
                 (
                     stream.id,
                     stream.path,
@@ -338,7 +465,7 @@ class StreamStore:
             parent = self._streams.get(stream.parent)
             if parent is not None:
                 parent.children += 1
-                statements.append(("UPDATE ds_streams SET children = ? WHERE id = ?", (parent.children, parent.id)))
+                statements.append((CHILDREN_OP, (parent.children, parent.id)))
         return statements
 
     def remove(self, stream: Stream) -> list[Statement]:
@@ -352,23 +479,18 @@ class StreamStore:
             if current.children > 0:
                 if not current.soft_deleted:
                     current.soft_deleted = True
-                    statements.append(("UPDATE ds_streams SET soft_deleted = 1 WHERE id = ?", (current.id,)))
+                    statements.append((SOFT_DELETE_OP, (current.id,)))
                     current.wake()
                 break
             current.gone = True
             self._streams[current.path] = None
-            sid = current.id
-            statements += [
-                ("DELETE FROM ds_messages WHERE stream_id = ?", (sid,)),
-                ("DELETE FROM ds_producers WHERE stream_id = ?", (sid,)),
-                ("DELETE FROM ds_streams WHERE id = ?", (sid,)),
-            ]
+            statements.append((DROP_OP, (current.id, current.path)))
             current.wake()
             parent = self._streams.get(current.parent) if current.parent is not None else None
             current = None
             if parent is not None:
                 parent.children -= 1
-                statements.append(("UPDATE ds_streams SET children = ? WHERE id = ?", (parent.children, parent.id)))
+                statements.append((CHILDREN_OP, (parent.children, parent.id)))
                 if parent.soft_deleted and parent.children == 0:
                     current = parent
         return statements
@@ -422,41 +544,5 @@ class StreamStore:
                 self._wakeup.set()
 
     async def _write(self, batch: list[_Op]) -> None:
-        # Plain appends may share one executemany per statement; anything else runs in order, alone.
-        steps: list[tuple[bool, list[Statement]]] = [(op.grouped, op.statements) for op in batch]
-        try:
-            if self._fast is None:
-                raise RuntimeError("the stream store is not open (start() it first)")
-            self._write_sync(steps, self._fast)
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-            # Another process is writing the file: wait for it on the store's thread, not here.
-            await self._call(self._write_sync, steps, self._connection())
+        await self.persistence.write([(op.grouped, op.statements) for op in batch])
         self.commits += 1
-
-    @staticmethod
-    def _write_sync(steps: list[tuple[bool, list[Statement]]], conn: sqlite3.Connection) -> None:
-        grouped: dict[str, list[tuple[Any, ...]]] = {}
-
-        def flush() -> None:
-            for sql, rows in grouped.items():
-                conn.executemany(sql, rows)
-            grouped.clear()
-
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for is_grouped, statements in steps:
-                if is_grouped:
-                    for sql, params in statements:
-                        grouped.setdefault(sql, []).append(params)
-                    continue
-                flush()
-                for sql, params in statements:
-                    conn.execute(sql, params)
-            flush()
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise

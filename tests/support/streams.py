@@ -81,10 +81,15 @@ def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: fl
 
 
 @contextlib.contextmanager
-def streams_server(db: Path, *, long_poll_timeout: float = 0.5, max_body: int | None = None) -> Iterator[str]:
-    """`boxwright serve --streams` on a free 127.0.0.1 port over SQLite at ``db``; yields its base URL."""
+def streams_server(
+    db: Path, *, long_poll_timeout: float = 0.5, max_body: int | None = None, store: str | None = None
+) -> Iterator[str]:
+    """`boxwright serve --streams` on a free 127.0.0.1 port over SQLite at ``db`` (or the store URL ``store``,
+    passed as ``--store``); yields its base URL."""
     port = free_port()
     argv = [sys.executable, "-m", "boxwright", "serve", "--streams", "--port", str(port), "--db", str(db)]
+    if store is not None:
+        argv += ["--store", store]
     argv += ["--long-poll-timeout", str(long_poll_timeout)]
     if max_body is not None:
         argv += ["--max-body", str(max_body)]
