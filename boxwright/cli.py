@@ -482,7 +482,7 @@ def _serve_coordinator(args: argparse.Namespace) -> int:
             harnesses = {spec: _harness(spec, args.model) for spec in args.harness or ["claude-code"]}
             sandbox = define_sandbox("coordinator", _provider(args.provider, args.image))
             config = CoordinatorConfig(sandboxes={args.provider: sandbox}, harnesses=harnesses)
-        store = args.store or (f"sqlite://{os.path.abspath(args.db)}" if args.db else None)
+        store = args.store or (f"sqlite:///{os.path.abspath(args.db)}" if args.db else None)
         config = with_overrides(
             config,
             store_url=store,
@@ -557,7 +557,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     from .errors import ProviderUnavailableError
 
     try:
-        found = asyncio.run(sweep_docker(dry_run=not args.yes))
+        found = asyncio.run(sweep_docker(dry_run=not args.yes, label=args.label))
     except ProviderUnavailableError as exc:
         _usage_error(str(exc))
     if args.json:
@@ -635,6 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reap = sub.add_parser("reap", help="remove boxwright's leaked Docker containers and images (dry run by default)")
     reap.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
     reap.add_argument("--json", action="store_true", help="print the result as JSON")
+    reap.add_argument("--label", help="only what also carries this label (KEY or KEY=VALUE), e.g. one deployment's")
     reap.set_defaults(func=cmd_reap)
     _add_serve(sub)
     args = parser.parse_args(argv)

@@ -74,11 +74,12 @@ def test_reap_removes_the_orphan_of_a_sigkilled_host_process() -> None:
             host.kill()
     assert labelled_containers(tag) == [cid], "the SIGKILLed host's container should still be there"
     time.sleep(2.5)  # its 2 s lease runs out
-    dry = _boxwright("reap", "--json")
+    # Narrowed to this session: on a shared engine, the other sessions' leftovers are not this test's.
+    dry = _boxwright("reap", "--json", "--label", session_label())
     assert dry.returncode == 0, dry.stderr
     assert cid in dry.stdout and "lease-expired" in dry.stdout
     assert labelled_containers(tag) == [cid], "a dry run removed the container"
-    done = _boxwright("reap", "--yes")
+    done = _boxwright("reap", "--yes", "--label", session_label())
     assert done.returncode == 0, done.stderr
     assert cid[:12] in done.stdout and "removed" in done.stdout
     assert labelled_containers(tag) == []
