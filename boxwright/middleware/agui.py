@@ -15,6 +15,13 @@ offset (a text message, a tool call, a reasoning message, a step), each under th
 id, so a client's verifier sees every content event inside its START/END and a resumable client
 (which skips ids it saw) sees nothing twice.
 
+Frontend tools (``RunAgentInput.tools``) are offered to the agent through the bridge, beside the
+app's own; as AG-UI specifies, the run ends right after the agent calls one (RUN_FINISHED, outcome
+success with that call pending: ``hand_off``), and the client's next input, carrying the tool
+result, starts the next run. Approval requests are not AG-UI interrupts yet: they are the CUSTOM
+``approval-requested`` events of ``boxwright.middleware.approvals``, answered on
+``POST /runs/{id}/approval``.
+
 Bad input is a clear 4xx before any run starts: a body that is not JSON (``415`` for another
 content type, ``413`` over 2 MiB, ``400`` naming the field for a malformed input or an unknown
 content part type), a ``runId`` that names another thread's run (``409 thread_mismatch``).
@@ -65,7 +72,7 @@ from boxwright.events import (
 )
 from boxwright.harnesses.base import Message
 from boxwright.ids import check_client_run_id, check_thread_id
-from boxwright.runs import RUN_CANCEL_REASON, START_OFFSET, EventLog, parse_offset
+from boxwright.runs import NOW_OFFSET, RUN_CANCEL_REASON, START_OFFSET, EventLog, parse_offset
 from boxwright.secrets import redact
 from boxwright.tool_bridge.tools import Tool, define_tool, object_schema
 
@@ -382,6 +389,8 @@ async def agui_stream(events: EventLog, run_id: str, offset: str) -> AsyncIterat
     """
     controller = AbortController()
     try:
+        if offset == NOW_OFFSET:
+            offset = await events.tail(run_id)  # concrete, so the re-opening and the read agree on it
         if offset != START_OFFSET:
             for event in reopening(await _stored_until(events, run_id, offset)):
                 yield _frame(offset, event)

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from boxwright import events as ev
+from boxwright.middleware.agui import reopening
 from tests.support.streams import RunStack, delta_script, run_stack
 
 
@@ -177,3 +179,31 @@ def test_bad_input_is_a_clear_4xx_and_starts_nothing(tmp_path: Path) -> None:
                 assert await stack.service.runs.get(run_id) is None, f"{run_id}: a refused input started a run"
 
     asyncio.run(main())
+
+
+def test_reopening_names_what_is_open_at_an_offset_and_a_finished_run_only_its_ends() -> None:
+    started = ev.RunStartedEvent(thread_id="t", run_id="r")
+    text = ev.TextMessageStartEvent(message_id="m1", role="assistant")
+    call = ev.ToolCallStartEvent(tool_call_id="c1", tool_call_name="Bash", parent_message_id="m0")
+    span = ev.ReasoningStartEvent(message_id="th")
+    thought = ev.ReasoningMessageStartEvent(message_id="th")
+    step = ev.StepStartedEvent(step_name="plan")
+    stored: list[ev.Event] = [
+        started,
+        ev.CustomEvent(name="run.accepted", value={}),
+        step,
+        ev.TextMessageStartEvent(message_id="m0", role="assistant"),
+        ev.TextMessageEndEvent(message_id="m0"),
+        span,
+        thought,
+        call,
+        ev.ToolCallArgsEvent(tool_call_id="c1", delta="{"),
+        text,
+        ev.TextMessageContentEvent(message_id="m1", delta="half"),
+    ]
+    assert reopening(stored) == [started, step, span, thought, text, call]
+    closed = [*stored, ev.ToolCallEndEvent(tool_call_id="c1"), ev.TextMessageEndEvent(message_id="m1")]
+    assert reopening(closed) == [started, step, span, thought]
+    finished = ev.RunFinishedEvent(thread_id="t", run_id="r")
+    assert reopening([*closed, finished]) == [started, finished]
+    assert reopening([]) == []
