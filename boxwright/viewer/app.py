@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Route
 
 from boxwright.auth import HARNESS_KEY_ENV
 from boxwright.definition import SandboxDefinition, define_sandbox
+from boxwright.harnesses.base import Harness
 from boxwright.middleware.approvals import ApprovalDesk, ask_person_tool
 from boxwright.middleware.service import RunSpec, StartRunRequest
 from boxwright.sandbox import SandboxProvider
@@ -150,6 +151,8 @@ class ViewerRuns:
     sandbox_base: str | None = None
     pace_s: float = DEFAULT_PACE_S
     model: str | None = None
+    # The Claude Code harness to run (default: ``claude_code(model)``, the CLI the PATH finds).
+    claude: Harness | None = None
     _providers: dict[str, SandboxProvider] = field(default_factory=dict)
 
     def _provider(self, name: str) -> SandboxProvider:
@@ -189,7 +192,8 @@ class ViewerRuns:
 
             workspace = _workspace(repo) if repo else _workspace(str(ensure_demo_repo(self.demo_repo)))
             sandbox = define_sandbox("viewer-claude", provider, workspace)
-            return RunSpec(sandbox=sandbox, harness=claude_code(self.model), tools=tools or None)
+            harness = self.claude if self.claude is not None else claude_code(self.model)
+            return RunSpec(sandbox=sandbox, harness=harness, tools=tools or None)
         raise ValueError(f"harness is {DEMO_HARNESS} or {CLAUDE}, not {harness_name!r}")
 
 

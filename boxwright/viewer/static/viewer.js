@@ -160,10 +160,21 @@ function toolCard(id, name) {
     card.append(el("span", { class: "label", text: host ? "host tool" : "tool" }), el("span", { class: "name", text: name || id }));
     const args = el("pre", { class: "args", "aria-label": "arguments" });
     card.append(args);
-    cards.set(id, { card, args, argText: "" });
+    cards.set(id, { card, args, argText: "", name: name || id, host });
     append(card);
   }
   return cards.get(id);
+}
+
+// A harness may name a bridged tool without its MCP prefix (Claude Code's translator does): the bridge
+// call that follows says it ran on the host.
+function markHostTool(toolName) {
+  const cards = [...registry("tool").values()].reverse();
+  const card = cards.find((c) => !c.host && (c.name === toolName || c.name.endsWith(`__${toolName}`)));
+  if (!card) return;
+  card.host = true;
+  card.card.classList.add("ev-tool-host");
+  card.card.querySelector(".label").textContent = "host tool";
 }
 
 function hostCall(id, name) {
@@ -335,6 +346,7 @@ function renderCustom(name, value) {
   switch (name) {
     case "run.accepted": break;
     case "tool_bridge.started": {
+      markHostTool(value.toolName);
       const call = hostCall(value.callId, value.toolName);
       call.args.textContent = pretty(value.args ?? {});
       break;
@@ -359,6 +371,7 @@ function renderCustom(name, value) {
     case "approval-requested": approvalCard(value); break;
     case "approval-resolved": settleApproval(value.approvalId, value.decision, value.by); break;
     default:
+      if (name.endsWith(".session-id")) break; // the harness's own bookkeeping
       append(el("li", { class: "ev-file", text: `${name}: ${JSON.stringify(value).slice(0, 300)}` }));
   }
 }
