@@ -338,3 +338,44 @@ def test_the_reaper_loop_sweeps_docker_leaks() -> None:
             remove_images([snapshot] if _image_exists(snapshot) else [])
 
     asyncio.run(asyncio.wait_for(main(), 240))
+
+
+def test_a_container_killed_from_outside_mid_run_ends_the_run_with_a_clear_error() -> None:
+    from contextlib import aclosing
+
+    from boxwright import Lifecycle, define_sandbox, run_agent
+    from boxwright.events import RunErrorEvent, TextMessageContentEvent
+    from boxwright.harnesses.command import command_harness
+    from boxwright.providers.docker import docker_sandbox
+    from boxwright.stores.memory import MemoryInstanceStore
+
+    case = f"{TEST_LABEL}.case=killed-{os.getpid()}-{os.urandom(3).hex()}"
+    key, value = case.split("=")
+    sandbox = define_sandbox(
+        "killed",
+        docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1", key: value}),
+        lifecycle=Lifecycle(snapshot="none", destroy_on_complete=True),
+    )
+    killed: list[str] = []
+
+    async def main() -> list[Any]:
+        events: list[Any] = []
+        stream = run_agent(
+            sandbox, command_harness("echo up; sleep 1000"), "go", thread_id="t-killed", store=MemoryInstanceStore()
+        )
+        async with aclosing(stream):
+            async for event in stream:
+                events.append(event)
+                if isinstance(event, TextMessageContentEvent) and "up" in event.delta and not killed:
+                    killed.extend(await asyncio.to_thread(labelled_containers, case))
+                    await asyncio.to_thread(
+                        subprocess.run, ["docker", "kill", *killed], check=True, capture_output=True, timeout=60
+                    )
+        return events
+
+    events = asyncio.run(asyncio.wait_for(main(), 120))  # nothing hangs: the run ends by itself (3.4 s here)
+    assert len(killed) == 1, killed
+    assert isinstance(events[-1], RunErrorEvent), [e.type for e in events]
+    message = events[-1].message
+    assert killed[0][:12] in message and "stopped or removed" in message, message
+    assert labelled_containers(case) == [], "destroy_on_complete left the killed container"
