@@ -4,7 +4,7 @@ shows its events live, answers its approvals and stops it; and the built-in demo
 Mount it next to the service's routes: ``routes=[*sandbox_routes(service), *viewer_routes()]``.
 """
 
-from .app import HarnessOption, ProviderOption, ViewerConfig, ViewerRuns, detect_config, viewer_routes
+from .app import HarnessOption, ProviderOption, ViewerConfig, ViewerRuns, detect_config, profiles_config, viewer_routes
 from .demo import DEMO_HARNESS, DEMO_POLICY, DemoHarness, demo_harness, ensure_demo_repo, house_style
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "detect_config",
     "ensure_demo_repo",
     "house_style",
+    "profiles_config",
     "viewer_routes",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -92,6 +92,20 @@ def detect_config(*, api_base: str = "") -> ViewerConfig:
         harnesses=[HarnessOption(name=DEMO_HARNESS, label="demo agent (offline)"), claude],
         providers=providers,
         default_harness=CLAUDE if claude.available else DEMO_HARNESS,
+        api_base=api_base,
+    )
+
+
+def profiles_config(
+    harnesses: Iterable[str], sandboxes: Iterable[str], *, default_harness: str | None = None, api_base: str = ""
+) -> ViewerConfig:
+    """The page's choices for a coordinator: its harness and sandbox profile names (the form sends them as
+    ``metadata.harness`` and ``metadata.sandbox``)."""
+    names = list(harnesses)
+    return ViewerConfig(
+        harnesses=[HarnessOption(name=name, label=name) for name in names],
+        providers=[ProviderOption(name=name, label=name) for name in sandboxes],
+        default_harness=default_harness or (names[0] if names else DEMO_HARNESS),
         api_base=api_base,
     )
 
@@ -204,5 +218,6 @@ __all__ = [
     "ViewerRuns",
     "claude_option",
     "detect_config",
+    "profiles_config",
     "viewer_routes",
 ]

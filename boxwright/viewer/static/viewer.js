@@ -9,7 +9,7 @@ const $ = (id) => document.getElementById(id);
 const CACHE_LIMIT = 2_000_000; // characters of cached events per run (sessionStorage is ~5 MB per origin)
 const RUNS_KEY = "boxwright.viewer.runs";
 const RUNS_KEPT = 50;
-const TERMINAL = new Set(["completed", "failed", "aborted"]);
+const TERMINAL = new Set(["completed", "failed", "aborted", "gone"]);
 
 // What a test (or a curious user) can read: window.boxwrightViewer.
 const probe = {
@@ -112,9 +112,10 @@ function renderRuns() {
 
 async function refreshRuns() {
   const runs = loadRuns();
-  await Promise.all(runs.filter((r) => !TERMINAL.has(r.status) || !r.finishedAt).map(async (run) => {
+  await Promise.all(runs.filter((r) => r.status !== "gone" && (!TERMINAL.has(r.status) || !r.finishedAt)).map(async (run) => {
     try {
       const response = await fetch(api(`runs/${encodeURIComponent(run.runId)}${query(run.threadId)}`));
+      if (response.status === 404) { noteRun(run.runId, { status: "gone" }); return; } // another server's run
       if (!response.ok) return;
       const record = await response.json();
       const tokens = record.usage ? (record.usage.totalTokens ?? ((record.usage.inputTokens || 0) + (record.usage.outputTokens || 0))) : undefined;
@@ -425,9 +426,20 @@ function connect() {
   source.onerror = () => {
     if (current !== run) return;
     if (source.readyState === EventSource.CLOSED) {
-      // Refused (a 4xx/5xx, or the server is down): EventSource gives up; resume from our offset.
+      // Refused (a 4xx/5xx, or the server is down): EventSource gives up; resume from our offset,
+      // unless the server says it has no such run (a run list from another server's database).
       setConnection("reconnecting…");
-      setTimeout(() => { if (current === run && run.source === source && !TERMINAL.has(run.status)) connect(); }, 1000);
+      setTimeout(async () => {
+        if (current !== run || run.source !== source || TERMINAL.has(run.status)) return;
+        const probeRecord = await fetch(api(`runs/${encodeURIComponent(run.runId)}${query(run.threadId)}`)).catch(() => null);
+        if (probeRecord && probeRecord.status === 404) {
+          setConnection("this server has no such run");
+          setStatus("gone");
+          noteRun(run.runId, { status: "gone" });
+          return;
+        }
+        connect();
+      }, 1000);
     } else {
       setConnection("reconnecting…");
     }
