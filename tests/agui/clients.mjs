@@ -5,10 +5,15 @@
 //              (RUN_STARTED first, content inside START/END, nothing after the terminal event) and rebuilds the
 //              messages. With `resume`, its fetch splices a dropped answer onto the tail route of another process
 //              (GET /runs/{id}/events with Last-Event-ID), as a client that survives a server dying does.
+//   verify     each named event list of a JSON file through @ag-ui/core's event schema and @ag-ui/client's own
+//              verifier (what every AG-UI agent's pipeline runs); prints {name: null | the verifier's error}.
 //   tanstack   @tanstack/ai-client's ChatClient with its SSE connection adapter on /agui, then a second ChatClient
 //              whose connection is ai-client's stream() adapter fed by @durable-streams/client reading the run's
 //              Durable Streams URL (GET /runs/{id}/stream); both report the messages they rebuilt.
-import { HttpAgent } from "@ag-ui/client";
+import { readFileSync } from "node:fs";
+import { HttpAgent, verifyEvents } from "@ag-ui/client";
+import { EventSchema } from "@ag-ui/core/schemas";
+import { from, lastValueFrom, toArray } from "rxjs";
 import { ChatClient, fetchServerSentEvents, stream as streamAdapter } from "@tanstack/ai-client";
 
 const [scenario, rawArgs] = process.argv.slice(2);
@@ -181,7 +186,22 @@ async function frontend() {
   return { runs };
 }
 
-const scenarios = { httpagent, tanstack, frontend };
+async function verify() {
+  const cases = JSON.parse(readFileSync(args.file, "utf8"));
+  const out = {};
+  for (const [name, events] of Object.entries(cases)) {
+    try {
+      for (const event of events) EventSchema.parse(event);
+      await lastValueFrom(from(events).pipe(verifyEvents(false), toArray()));
+      out[name] = null;
+    } catch (caught) {
+      out[name] = describe(caught).message;
+    }
+  }
+  return out;
+}
+
+const scenarios = { httpagent, tanstack, frontend, verify };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios).join(", ")}`);
