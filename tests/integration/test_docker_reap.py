@@ -379,3 +379,47 @@ def test_a_container_killed_from_outside_mid_run_ends_the_run_with_a_clear_error
     message = events[-1].message
     assert killed[0][:12] in message and "stopped or removed" in message, message
     assert labelled_containers(case) == [], "destroy_on_complete left the killed container"
+
+
+def test_the_daemon_stopping_mid_run_ends_the_run_with_a_clear_error(tmp_path: Any) -> None:
+    from contextlib import aclosing
+
+    from boxwright import Lifecycle, define_sandbox, run_agent
+    from boxwright.events import RunErrorEvent, TextMessageContentEvent
+    from boxwright.harnesses.command import command_harness
+    from boxwright.providers.docker import docker_sandbox
+    from boxwright.stores.memory import MemoryInstanceStore
+    from tests.support.docker import EngineProxy
+
+    case = f"{TEST_LABEL}.case=daemon-{os.getpid()}-{os.urandom(3).hex()}"
+    key, value = case.split("=")
+    proxy = EngineProxy(str(tmp_path))
+    sandbox = define_sandbox(
+        "daemon-gone",
+        docker_sandbox(BASE_IMAGE, base_url=proxy.url, labels={TEST_LABEL: "1", key: value}),
+        lifecycle=Lifecycle(snapshot="none", destroy_on_complete=True),
+    )
+
+    async def main() -> list[Any]:
+        events: list[Any] = []
+        stream = run_agent(
+            sandbox, command_harness("echo up; sleep 1000"), "go", thread_id="t-daemon", store=MemoryInstanceStore()
+        )
+        async with aclosing(stream):
+            async for event in stream:
+                events.append(event)
+                if isinstance(event, TextMessageContentEvent) and "up" in event.delta:
+                    proxy.cut()
+        return events
+
+    try:
+        events = asyncio.run(asyncio.wait_for(main(), 120))  # the run ends by itself, bounded
+    finally:
+        # The engine is fine, only this client lost it: the container is removed through the real socket.
+        left = labelled_containers(case)
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
+    assert len(left) == 1, "the run's container should outlive a client that lost its engine"
+    assert isinstance(events[-1], RunErrorEvent), [e.type for e in events]
+    message = events[-1].message
+    assert "does not answer" in message and proxy.path in message, message

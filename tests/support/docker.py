@@ -222,8 +222,9 @@ class EngineProxy:
         except OSError:
             pass
         finally:
+            # Half-close only, as the engine's hijacked exec does: a client ending stdin keeps its output.
             with contextlib.suppress(OSError):
-                dst.shutdown(2)
+                dst.shutdown(1)
 
     def cut(self) -> None:
         """Stop answering: no new connection, every open one (hijacked exec streams too) closed."""
