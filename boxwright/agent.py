@@ -163,6 +163,7 @@ class JournalOptions:
     ``prune_journals`` does).
     ``logged``: an attaching reader's view of the run's stored events, from which its watcher
     learns which file events the log already holds (see ``_resume_file_events``).
+    ``first_byte_timeout_ms`` bounds an attach only (a fresh run's agent may print late).
     """
 
     dir: str | None = None
@@ -759,7 +760,10 @@ async def _pump_journal(
             paths,
             signal=signal,
             poll_interval_ms=options.poll_interval_ms,
-            first_byte_timeout_ms=options.first_byte_timeout_ms,
+            # Only an attach is bounded: a fresh run started its agent itself, and an agent may print
+            # nothing for long (measured: loaded, OpenCode's first line came after 10 s, killing the run).
+            # Its wrapper always writes the sentinel; a removed journal still ends the read.
+            first_byte_timeout_ms=options.first_byte_timeout_ms if options.attach else None,
             run_id=run.run_id,
         )
         async with contextlib.aclosing(lines):
