@@ -36,7 +36,7 @@ import hmac
 import os
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -47,6 +47,7 @@ from .definition import CANCEL_REASON
 from .errors import UnsupportedCapabilityError
 from .events import Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, decode_event
 from .harnesses.base import Message
+from .journal import Finished, Producing, RunExitProbe, Unknown
 from .runner.protocol import RUNNER_TOKEN_ENV, ContainerRunRequest, RunnerWorkspace
 from .runner.tool_exec import DEFAULT_HOLD
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
@@ -54,6 +55,10 @@ from .scrub import EventScrubber
 from .tool_bridge.asgi import bind_address_for, host_for_sandbox, serve_asgi
 from .tool_bridge.remote import ToolExecRun, tool_descriptors, tool_exec_app, tool_exec_path
 from .tool_bridge.tools import Tool
+
+if TYPE_CHECKING:
+    from .reaper import HandleFor, HasFinished
+    from .runs import RunRecord
 
 RUNNER_PORT = 8080
 HEALTH_PROBES = 20
@@ -276,6 +281,51 @@ async def colocated_drive(
         await exec_server.close()
         if runner is not None and (finished or not durable):
             await runner.kill()
+
+
+async def probe_colocated_run_exit(
+    handle: SandboxHandle, run_id: str, *, runner_secret: str | None = None, timeout: float = 10.0
+) -> RunExitProbe:
+    """Whether a co-located run's agent ended, asked of the runner in its box (``GET /runs/{id}``); read-only.
+
+    The co-located ``has_finished`` of ``reap_detached_runs`` (``has_finished_via_runner``): ``Finished(0)``
+    after RUN_FINISHED, ``Finished(1)`` after RUN_ERROR, ``Producing()`` while it goes on; a runner that
+    does not answer or does not know the run is ``Unknown`` (never ``Finished``: that destroys the sandbox).
+    """
+    secret = runner_secret if runner_secret is not None else os.environ.get(RUNNER_SECRET_ENV)
+    if not secret:
+        return Unknown(f"no runner secret to derive the runner's token from (${RUNNER_SECRET_ENV})")
+    address = getattr(handle, "address", None)
+    if address is None:
+        return Unknown(f"a {handle.provider} sandbox has no co-located runner")
+    try:
+        base = f"http://{await address()}:{RUNNER_PORT}"
+        headers = {"Authorization": f"Bearer {runner_token(secret, handle.id)}"}
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.get(f"{base}/runs/{quote(run_id, safe='')}", headers=headers)
+        if response.status_code != 200:
+            return Unknown(f"the runner answered {response.status_code} {response.text[:_DETAIL]}")
+        status = response.json()
+    except Exception as exc:
+        return Unknown(f"no runner answers: {type(exc).__name__}: {exc}"[:_DETAIL])
+    if not isinstance(status, dict) or status.get("done") is not True:
+        return Producing()
+    return Finished(0 if status.get("ended") == "RUN_FINISHED" else 1)
+
+
+def has_finished_via_runner(handle_for: HandleFor, *, runner_secret: str | None = None) -> HasFinished:
+    """A ``has_finished`` for ``reap_detached_runs`` over co-located runs: ``probe_colocated_run_exit``."""
+
+    async def has_finished(record: RunRecord) -> RunExitProbe:
+        try:
+            handle = await handle_for(record)
+        except Exception as exc:
+            return Unknown(f"{type(exc).__name__}: {exc}"[:_DETAIL])
+        if handle is None:
+            return Unknown(f"no sandbox handle for run {record.run_id!r} (sandbox key {record.sandbox_key!r})")
+        return await probe_colocated_run_exit(handle, record.run_id, runner_secret=runner_secret)
+
+    return has_finished
 
 
 async def _cancel(client: httpx.AsyncClient, run_path: str, headers: Mapping[str, str]) -> None:

@@ -11,7 +11,7 @@ toolExecToken}``, under the runner token): the run's tool-exec calls go to it fr
 (``runner.tool_exec``: calls made while no host answered were held for it), and it re-reads the
 NDJSON from byte 0. ``POST /shutdown`` stops the runner once no run is going (the host that read a
 run's end sends it, so the container's port is free for the next run). ``/health`` says
-``attach: true``.
+``attach: true``; ``GET /runs/{id}`` says whether a run's agent ended (``done``, ``ended``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class _Run:
     grew: asyncio.Condition = field(default_factory=asyncio.Condition)
     done: bool = False
     task: asyncio.Task[None] | None = None
+    ended: str | None = None  # the type of its terminal line (RUN_FINISHED, RUN_ERROR) once written
 
 
 class RunnerState:
@@ -106,6 +107,8 @@ async def _execute(request: ContainerRunRequest, run: _Run) -> None:
             )
             async with contextlib.aclosing(stream):  # type: ignore[type-var]  # run_agent is an async generator
                 async for event in stream:
+                    if isinstance(event, (RunFinishedEvent, RunErrorEvent)):
+                        run.ended = event.type
                     out.write(encode_event(event) + b"\n")
                     out.flush()
                     async with run.grew:
@@ -113,6 +116,7 @@ async def _execute(request: ContainerRunRequest, run: _Run) -> None:
         except Exception as exc:  # the stream must end with one terminal line, whatever broke
             error = RunErrorEvent(message=f"runner failed: {type(exc).__name__}: {exc}"[:500], code="runner_failed")
             out.write(encode_event(error) + b"\n")
+            run.ended = error.type
         finally:
             await client.aclose()
             run.done = True
@@ -194,6 +198,18 @@ def create_runner_app(
             return PlainTextResponse("offset must be an integer", status_code=400)
         return StreamingResponse(_tail(run, offset), media_type=NDJSON)
 
+    async def status(request: Request) -> Response:
+        # Read-only, for a reaper's probe: whether the agent ended, without reading (or driving) the run.
+        if not state.authorized(request):
+            return PlainTextResponse("missing or wrong runner token", status_code=401)
+        run = state.runs.get(request.path_params["run_id"])
+        if run is None:
+            return PlainTextResponse("unknown run", status_code=404)
+        size = os.path.getsize(run.path)
+        return JSONResponse(
+            {"runId": request.path_params["run_id"], "done": run.done, "ended": run.ended, "size": size}
+        )
+
     async def cancel(request: Request) -> Response:
         if not state.authorized(request):
             return PlainTextResponse("missing or wrong runner token", status_code=401)
@@ -240,6 +256,7 @@ def create_runner_app(
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/run", start, methods=["POST"]),
+        Route("/runs/{run_id}", status, methods=["GET"]),
         Route("/runs/{run_id}/events", events, methods=["GET"]),
         Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
         Route("/runs/{run_id}/attach", attach, methods=["POST"]),

@@ -14,13 +14,15 @@ import httpx
 import pytest
 
 from boxwright.agent import run_agent
+from boxwright.colocated import probe_colocated_run_exit, runner_token
 from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.events import CustomEvent, Event, ToolCallResultEvent, ToolCallStartEvent, encode_event
 from boxwright.harnesses.claude_code import claude_code
+from boxwright.journal import Finished, Producing, Unknown
 from boxwright.sandbox import ProcessOptions
 from boxwright.stores.memory import MemoryInstanceStore
 from boxwright.workspace import define_workspace
-from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
+from tests.fixtures.fake_model import FakeModelServer, Sleep, Text, ToolCall
 from tests.support.docker import (
     RUNNER_IMAGE,
     TEST_LABEL,
@@ -35,6 +37,7 @@ from tests.support.require import missing
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
 __all__ = ["no_leaked_containers"]
 EDIT = "sed -i 's/hello/hello from claude/' README.md"
+SECRET = "the-replicas-shared-runner-secret"
 
 
 @pytest.fixture(autouse=True)
@@ -180,7 +183,8 @@ def test_runner_refuses_a_wrong_token_a_malformed_body_and_a_secret_value() -> N
 def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
     from boxwright.providers.docker import docker_sandbox
 
-    model = FakeModelServer({"hi": [Text("Hello from the container.")]}, host=bridge_address())
+    # The Sleep keeps the run going while the probe asks mid-run.
+    model = FakeModelServer({"hi": [Sleep(2.0), Text("Hello from the container.")]}, host=bridge_address())
     model.start()
     port = model.base_url.rsplit(":", 1)[1]
 
@@ -188,8 +192,9 @@ def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
         handle = await docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}).create()
         try:
             host = await handle.address()
+            token = runner_token(SECRET, handle.id)
             env = {
-                "BOXWRIGHT_RUNNER_TOKEN": "right-token",
+                "BOXWRIGHT_RUNNER_TOKEN": token,
                 "ANTHROPIC_API_KEY": "sk-test",
                 "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}",
                 "CLAUDE_CODE_MAX_RETRIES": "0",
@@ -197,7 +202,7 @@ def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
             runner = await handle.process.spawn(
                 f"exec python -m boxwright.runner --host {host} --port 8080", ProcessOptions(env=env)
             )
-            base, auth = f"http://{host}:8080", {"Authorization": "Bearer right-token"}
+            base, auth = f"http://{host}:8080", {"Authorization": f"Bearer {token}"}
             body = {
                 "runId": "r-reread",
                 "threadId": "t1",
@@ -219,10 +224,17 @@ def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
                 async with client.stream("POST", f"{base}/run", json=body, headers=auth) as response:
                     assert response.status_code == 200
                     first = await response.aiter_lines().__anext__()  # then hang up mid-run
+                # A reaper's probe asks the runner, read-only: going on, then ended.
+                assert await probe_colocated_run_exit(handle, "r-reread", runner_secret=SECRET) == Producing()
                 full = b""
                 async with client.stream("GET", f"{base}/runs/r-reread/events?offset=0", headers=auth) as again:
                     async for chunk in again.aiter_bytes():
                         full += chunk
+                assert await probe_colocated_run_exit(handle, "r-reread", runner_secret=SECRET) == Finished(0)
+                unknown = await probe_colocated_run_exit(handle, "nope", runner_secret=SECRET)
+                assert isinstance(unknown, Unknown) and "404" in str(unknown.error)
+                foreign = await probe_colocated_run_exit(handle, "r-reread", runner_secret="another secret")
+                assert isinstance(foreign, Unknown) and "401" in str(foreign.error)
             await runner.kill()
             return first.encode(), full
         finally:
