@@ -88,8 +88,9 @@ def allow_anyone(connection: HTTPConnection, action: str, scope: AuthScope) -> b
 def _action(path: str, method: str) -> str:
     if path.startswith("/threads/"):
         return "threads.cancel" if path.endswith("/cancel") else "threads.read"
-    if path == "/runs":
-        return "runs.create"
+    if path in ("/runs", "/agui"):
+        # The AG-UI endpoint starts a run with POST and joins one with GET (``?runId=``).
+        return "runs.tail" if path == "/agui" and method == "GET" else "runs.create"
     tail = path.rsplit("/", 1)[-1]
     if tail in ("events", "poll", "ws", "stream"):
         return "runs.tail"
@@ -157,16 +158,16 @@ async def _thread_refusal(connection: HTTPConnection, runs: RunStore, run_id: st
 def _scope_of(connection: HTTPConnection) -> AuthScope:
     params = connection.path_params
     thread = params.get("thread_id") or connection.query_params.get("threadId")
-    return AuthScope(run_id=params.get("run_id"), thread_id=thread)
+    return AuthScope(run_id=params.get("run_id") or connection.query_params.get("runId"), thread_id=thread)
 
 
 def _guard_http(
     route: Route, authorize: Authorize, runs: RunStore, require_thread_id: bool
 ) -> Callable[[Request], Awaitable[Response]]:
     endpoint: Any = route.endpoint
-    action = _action(route.path, "")
 
     async def guarded(request: Request) -> Response:
+        action = _action(route.path, request.method)
         scope = _scope_of(request)
         if not await _consents(authorize, request, action, scope):
             status, message = _refusal(request)

@@ -93,6 +93,9 @@ def test_client_routes_need_the_auth_hooks_consent(coordinator: CoordinatorProce
         ("POST", f"/runs/{run}/attach{q}"),
         ("GET", f"/threads/{thread}/active"),
         ("POST", f"/threads/{thread}/cancel"),
+        # The service core's AG-UI endpoint comes with the core's routes, behind the same hook.
+        ("POST", "/agui"),
+        ("GET", f"/agui?runId={run}"),
     ]
     for method, path in routes:
         body = trigger(f"t-{secrets.token_hex(4)}", "lines 1 0") if path == "/runs" else None
