@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from ._faults import fault_point
-from .abort import AbortSignal
+from .abort import AbortController, AbortSignal
 from .auth import AuthMode
 from .colocated import colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
@@ -235,6 +236,7 @@ async def run_agent(
     file_hooks: Sequence[RunFileHooks] = (),
     mode: Literal["host-driven", "colocated"] = "host-driven",
     runner_secret: str | None = None,
+    deadline: float | None = None,
 ) -> AsyncIterator[Event]:
     """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events.
 
@@ -250,6 +252,9 @@ async def run_agent(
     (journal alone is a journaled agent that ends with its sandbox), and a journaled run needs
     the caller's ``run_id`` (``DurableRunIdRequiredError``). Both raise on the first step.
     ``file_hooks``: this run's file-event hooks, called after the sandbox's (``boxwright.file_hooks``).
+    ``deadline``: seconds the whole run may take; past it the agent is stopped as by a cancel and the
+    run ends with one ``RUN_ERROR`` coded ``deadline_exceeded`` (an agent that retries an unreachable
+    model for ever, as Codex does, then ends).
     """
     if journal is not None and not run_id:
         # A successor recomputes the journal path from the run id: a generated one could never be found.
@@ -268,10 +273,13 @@ async def run_agent(
         prompt, system = _prompt_from_messages(messages, harness.name)
         # Before any sandbox exists: a value that is not a tool must not cost a provisioned sandbox.
         declared = as_tools(tools)
+        timer = _deadline_timer(deadline)
     except ValueError as exc:
         for event in frame.error(str(exc), "invalid_input"):
             yield clock(event)
         return
+    if timer is not None:
+        signal = AbortSignal.any([signal, timer.signal])
     ctx = EnsureContext(
         thread_id=thread_id,
         run_id=run_id,
@@ -359,12 +367,44 @@ async def run_agent(
         if entered is not None and entered.ending in ("detached", "superseded"):
             return  # the agent goes on in its sandbox; a later driver reports how it ends
         # Coded so a run log records ``aborted``, never ``failed``: a stop is not a failure.
-        if signal.reason == CANCEL_REASON:
+        if timer is not None and timer.hit:
+            message = f"the run exceeded its deadline of {deadline:g} s and was stopped (run_agent's deadline=)"
+            code = DEADLINE_EXCEEDED_CODE
+        elif signal.reason == CANCEL_REASON:
             message, code = "the run was cancelled", RUN_CANCELLED_CODE
         else:
             message, code = f"the run was aborted: {signal.reason}", RUN_ABORTED_CODE
         for event in frame.error(message, code):
             yield clock(event)
+
+
+DEADLINE_EXCEEDED_CODE = "deadline_exceeded"
+
+
+class _DeadlineTimer:
+    """Aborts its signal once the run's deadline passes. The reason is a cancel's: a run past its
+    deadline is stopped and its sandbox ended as a cancel ends them, never detached."""
+
+    def __init__(self, seconds: float) -> None:
+        self.hit = False
+        self._controller = AbortController()
+        self.signal = self._controller.signal
+        asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        if not self.signal.aborted:
+            self.hit = True
+            self._controller.abort(CANCEL_REASON)
+
+
+def _deadline_timer(deadline: float | None) -> _DeadlineTimer | None:
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
+        raise ValueError(f"deadline must be a number of seconds > 0, got {deadline!r}")
+    if deadline <= 0:
+        raise ValueError(f"deadline must be a number of seconds > 0, got {deadline!r}")
+    return _DeadlineTimer(float(deadline))
 
 
 class _RunClock:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from boxwright.stores.memory import MemoryInstanceStore
 from boxwright.tool_bridge.tools import define_tool
 from boxwright.workspace import define_workspace, git_source
 from tests.fixtures.fake_model import CustomToolCall, FakeModelServer, Hang, Text, ToolCall
+from tests.support.agent_harnesses import codex_for
 from tests.support.agent_procs import agent_left
 from tests.support.require import agent_cli, missing
 
@@ -312,3 +315,51 @@ def test_codex_runs_under_a_policy_mapped_to_its_own_modes(
     _finished(events)
     result = next(e for e in events if isinstance(e, ToolCallResultEvent))
     assert result.state is None and '"aggregated_output":"hi\\n"' in str(result.content)
+
+
+def test_a_codex_run_against_an_unreachable_model_ends_at_its_deadline(tmp_path: Path, codex_bin: str) -> None:
+    # Measured: codex retries an unreachable endpoint for ever ("Reconnecting..."), even with retries at 0.
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe_socket.getsockname()[1]}"  # closed once the block ends: refused
+    home = tmp_path / "home"
+    home.mkdir()
+    sandbox = define_sandbox(
+        "e2e", local_process_sandbox(base_dir=tmp_path / "sb"), lifecycle=Lifecycle(destroy_on_complete=True)
+    )
+
+    async def main() -> list[Event]:
+        stream = run_agent(
+            sandbox,
+            codex_for(dead, str(home), codex_bin),
+            "hello?",
+            thread_id="t-deadline",
+            store=MemoryInstanceStore(),
+            host_env={},
+            deadline=4.0,
+        )
+        return [event async for event in stream]
+
+    started = time.monotonic()
+    events = asyncio.run(asyncio.wait_for(main(), 120))
+    took = time.monotonic() - started
+    types = _types(events)
+    assert types[-1] == "RUN_ERROR" and types.count("RUN_ERROR") == 1 and "RUN_FINISHED" not in types, types
+    error = events[-1]
+    assert isinstance(error, RunErrorEvent) and error.code == "deadline_exceeded", error
+    assert "deadline of 4 s" in error.message
+    assert 4.0 <= took < 30, took
+    assert agent_left(f"HOME={home}") == []
+
+
+def test_a_deadline_that_is_not_a_positive_number_is_refused_before_any_sandbox(tmp_path: Path) -> None:
+    sandbox = define_sandbox("e2e", local_process_sandbox(base_dir=tmp_path / "sb"))
+
+    async def main() -> list[Event]:
+        run = run_agent(sandbox, codex(), "hi", thread_id="t", store=MemoryInstanceStore(), deadline=0)
+        return [event async for event in run]
+
+    events = asyncio.run(main())
+    error = events[-1]
+    assert isinstance(error, RunErrorEvent) and error.code == "invalid_input" and "deadline" in error.message
+    assert not (tmp_path / "sb").exists(), "no sandbox was made"
