@@ -56,7 +56,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_contai
 __all__ = ["no_leaked_containers"]
 SECRET = "test-replicas-shared-runner-secret"
 # The Bash call the host dies in: long enough that the agent is still in it when the host is gone.
-EDIT = "sed -i 's/hello/hello from claude/' README.md && sleep 2"
+EDIT = "sed -i 's/hello/hello from claude/' README.md && sleep 3"
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +112,8 @@ def test_a_successor_host_attaches_to_the_runner_after_a_sigkill_mid_tool_call(t
         {
             "takeover": [
                 ToolCall("Bash", {"command": EDIT, "description": "edit the readme"}),
-                ToolCall("mcp__boxwright__get_todos", {"status": "open"}),
+                ToolCall("mcp__boxwright__get_todos", {"status": "open"}),  # made while no host answers
+                ToolCall("mcp__boxwright__get_todos", {"status": "done"}),  # made once host B attached
                 Text("I edited it and read your todos."),
             ]
         },
@@ -167,12 +168,13 @@ def test_a_successor_host_attaches_to_the_runner_after_a_sigkill_mid_tool_call(t
     fingerprints = [chunk_fingerprint(e) for e in events]
     assert len(set(fingerprints)) == len(fingerprints), "an event is stored twice"
     starts = [e for e in events if isinstance(e, ToolCallStartEvent)]
-    assert [s.tool_call_name for s in starts] == ["Bash", "get_todos"], starts
+    assert [s.tool_call_name for s in starts] == ["Bash", "get_todos", "get_todos"], starts
     results = {e.tool_call_id: e for e in events if isinstance(e, ToolCallResultEvent)}
     assert set(results) == {s.tool_call_id for s in starts}, "no gap: every started call has its result"
     # The host tool call made while no host answered was held, and reached the successor once it attached.
-    assert calls.read_text() == "host-b open\n", "the host tool ran once, on host B"
+    assert calls.read_text() == "host-b open\nhost-b done\n", "each host tool call ran once, on host B"
     assert "served by host-b" in str(results[starts[1].tool_call_id].content)
+    assert "[done], served by host-b" in str(results[starts[2].tool_call_id].content)
     assert "served by host-b" in str(requests[-1].body["messages"])
     assert len([e for e in events if isinstance(e, TextMessageStartEvent)]) == len(
         {e.message_id for e in events if isinstance(e, TextMessageStartEvent)}
