@@ -493,7 +493,7 @@ def _serve_coordinator(args: argparse.Namespace) -> int:
         )
         serve_coordinator(config, args.host, args.port)
     except (ConfigLoadError, StoreUrlError, ValueError) as exc:
-        _usage_error(f"boxwright serve: {exc}")
+        _usage_error(f"serve: {exc}")
     return 0
 
 

@@ -330,3 +330,20 @@ def test_without_a_public_origin_an_unbound_host_is_never_a_callback_url(tmp_pat
     assert record["status"] == "failed", record
     assert "public_origin" in record["error"]["message"] and "BOXWRIGHT_PUBLIC_ORIGIN" in record["error"]["message"]
     assert "evil" not in stored and "url=" not in stored
+
+
+def test_serve_refuses_an_unknown_store_and_a_coordinator_without_client_auth(tmp_path: Path) -> None:
+    """``boxwright serve`` says what to fix and exits 2, before it listens: an unknown store URL, or no client
+    auth configured (no token, no hook, no ``--allow-anonymous``)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("BOXWRIGHT_CLIENT_TOKEN", "BOXWRIGHT_STORE")}
+    base = [sys.executable, "-m", "boxwright", "serve", "--port", "1", "--harness", "command:true"]
+    for extra, expected in (
+        (["--store", "postgres://db/x", "--allow-anonymous"], "expected sqlite:///PATH or redis://HOST"),
+        (["--store", f"sqlite:///{tmp_path}/c.db"], "a coordinator needs client auth"),
+    ):
+        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert done.returncode == 2 and expected in done.stderr, (extra, done.returncode, done.stderr[-2000:])
