@@ -39,7 +39,6 @@ import contextlib
 import logging
 import secrets
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, TypeVar, cast
@@ -664,15 +663,14 @@ class _RunWatch:
         finally:
             self._task = None
             self.notify()
+            if self._waiters == 0 and self._db.watches.get(self._key) is self:
+                del self._db.watches[self._key]  # nobody tails this run here any more
 
     async def stop(self) -> None:
         task = self._task
         if task is not None:
             task.cancel()
             await asyncio.wait([task])
-
-
-_watch_owner: weakref.WeakKeyDictionary[RedisDatabase, None] = weakref.WeakKeyDictionary()
 
 
 class RedisEventLog:
