@@ -112,6 +112,7 @@ async function drainTanstack(client) {
 }
 
 async function tanstack() {
+  const began = Date.now();
   let posted = null; // the runId the adapter put in its RunAgentInput
   const fetchClient = async (url, init) => {
     if (init?.method === "POST" && typeof init.body === "string") posted = JSON.parse(init.body).runId;
@@ -129,6 +130,7 @@ async function tanstack() {
     sseError = describe(caught);
   }
   const runId = posted;
+  const timings = { sse: Date.now() - began };
   const result = { sse: { error: sseError ?? (sse.getError() ? describe(sse.getError()) : null), messages: sse.getMessages() } };
   sse.dispose();
   if (args.durableRunId) {
@@ -150,6 +152,7 @@ async function tanstack() {
     durable.dispose();
   }
   result.runId = runId;
+  result.timings = { ...timings, total: Date.now() - began };
   return result;
 }
 

@@ -104,6 +104,7 @@ class AppProcess:
 
     def __init__(self, name: str, tmp: Path, claude: str, model: FakeModelServer) -> None:
         self.name = name
+        self.db = tmp / "agui.db"
         self.log_path = tmp / f"{name}.log"
         home = tmp / f"home-{name}"  # concurrent claude processes must not share one ~/.claude.json
         home.mkdir(exist_ok=True)
@@ -173,6 +174,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Paus
         yield project, model, claude
     finally:
         model.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(stack: tuple[Path, PausingModel, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
+    """One app process for the tests that kill nothing (each starts its own threads and runs)."""
+    _project, model, claude = stack
+    proc = AppProcess("shared", tmp_path_factory.mktemp("agui-app"), claude, model)
+    try:
+        yield proc
+    finally:
+        proc.stop()
 
 
 @contextlib.contextmanager
@@ -272,11 +284,11 @@ def _assert_client_saw_the_log(result: dict[str, Any], log: list[tuple[str, Even
 
 
 def test_httpagent_verifies_and_rebuilds_a_run_with_text_a_shell_tool_and_a_host_tool(
-    stack: tuple[Path, PausingModel, str], tmp_path: Path
+    stack: tuple[Path, PausingModel, str], shared: AppProcess
 ) -> None:
-    project, model, claude = stack
+    project, _model, _claude = stack
     thread_id, run_id = _ids("full")
-    with app(tmp_path, claude, model) as a:
+    with contextlib.nullcontext(shared) as a:
         result = result_of(
             node(
                 project,
@@ -284,7 +296,7 @@ def test_httpagent_verifies_and_rebuilds_a_run_with_text_a_shell_tool_and_a_host
                 {"url": a.url, "threadId": thread_id, "runId": run_id, "prompt": "[[script:full]] what is on my list?"},
             )
         )
-        log = stored(tmp_path / "agui.db", run_id)
+        log = stored(shared.db, run_id)
         logs = a.logs()
     assert result["error"] is None, (result["error"], logs)
     _assert_client_saw_the_log(result, log)
@@ -299,17 +311,17 @@ def test_httpagent_verifies_and_rebuilds_a_run_with_text_a_shell_tool_and_a_host
     assert any("write the spec" in r for r in want["results"].values()), "the host tool's result came back"
     assert "two todos" in "".join(want["texts"].values())
     assert result["messages"][0] == {"id": "u-1", "role": "user", "content": "[[script:full]] what is on my list?"}
-    assert (record_row(tmp_path / "agui.db", run_id) or {}).get("status") == "completed"
+    assert (record_row(shared.db, run_id) or {}).get("status") == "completed"
 
 
 def test_httpagent_verifies_a_cancelled_run_and_a_failed_run(
-    stack: tuple[Path, PausingModel, str], tmp_path: Path
+    stack: tuple[Path, PausingModel, str], shared: AppProcess
 ) -> None:
-    project, model, claude = stack
-    db = tmp_path / "agui.db"
+    project, _model, _claude = stack
+    db = shared.db
     cancelled_thread, cancelled = _ids("cancel")
     failed_thread, failed = _ids("fail")
-    with app(tmp_path, claude, model) as a:
+    with contextlib.nullcontext(shared) as a:
         client = node(
             project,
             "httpagent",
@@ -405,12 +417,12 @@ def test_httpagent_verifies_a_run_taken_over_by_a_second_process_mid_message(
 
 
 def test_tanstack_chat_client_rebuilds_the_run_over_sse_and_over_the_durable_stream(
-    stack: tuple[Path, PausingModel, str], tmp_path: Path
+    stack: tuple[Path, PausingModel, str], shared: AppProcess
 ) -> None:
-    project, model, claude = stack
+    project, _model, _claude = stack
     thread_id, _ = _ids("tanstack")
     prompt = "[[script:full]] what is on my list?"
-    with app(tmp_path, claude, model) as a:
+    with contextlib.nullcontext(shared) as a:
         first = result_of(node(project, "tanstack", {"url": a.url, "threadId": thread_id, "prompt": prompt}))
         run_id = first["runId"]
         assert run_id, first
@@ -421,8 +433,9 @@ def test_tanstack_chat_client_rebuilds_the_run_over_sse_and_over_the_durable_str
                 {"url": a.url, "threadId": f"{thread_id}-2", "prompt": prompt, "durableRunId": run_id},
             )
         )
-        log = stored(tmp_path / "agui.db", run_id)
+        log = stored(shared.db, run_id)
         logs = a.logs()
+    print("tanstack timings (ms):", first["timings"], both["timings"])
     want = expected_messages([e for _, e in log])
     for view in (first["sse"], both["durable"]):
         assert view["error"] is None, (view["error"], logs)
@@ -434,12 +447,12 @@ def test_tanstack_chat_client_rebuilds_the_run_over_sse_and_over_the_durable_str
 
 
 def test_a_frontend_tool_is_called_by_the_agent_and_answered_by_the_client(
-    stack: tuple[Path, PausingModel, str], tmp_path: Path
+    stack: tuple[Path, PausingModel, str], shared: AppProcess
 ) -> None:
     """AG-UI semantics: the run ends after the frontend tool call (RUN_FINISHED, that call pending); the
     client's next RunAgentInput carries the tool result and starts the next run, which uses it."""
-    project, model, claude = stack
-    db = tmp_path / "agui.db"
+    project, model, _claude = stack
+    db = shared.db
     thread_id, run_id = _ids("frontend")
     tools = [
         {
@@ -456,7 +469,7 @@ def test_a_frontend_tool_is_called_by_the_agent_and_answered_by_the_client(
         "tools": tools,
         "answer": "[[script:frontend-answered]] 21 degrees and sunny",
     }
-    with app(tmp_path, claude, model) as a:
+    with contextlib.nullcontext(shared) as a:
         result = result_of(node(project, "frontend", {**args, "url": a.url}))
         first_log, second_log = stored(db, run_id), stored(db, f"{run_id}-2")
         requests = model.model_requests()
