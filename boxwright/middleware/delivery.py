@@ -38,6 +38,7 @@ from boxwright.runs import (
     RunRecord,
     RunStore,
     check_run_id,
+    format_offset,
     offset_never_issued,
     parse_offset,
 )
@@ -77,12 +78,34 @@ def json_response(status: int, payload: Any, headers: dict[str, str] | None = No
     return Response(_json.encode(payload), status_code=status, media_type="application/json", headers=headers)
 
 
+def offset_for_last_seq(run_id: str, last_seq: str) -> str:
+    """The offset after ``?lastSeq=`` (the coordinator's 0-based seq of the last event seen; ``-1``: none).
+
+    Not an integer (or below -1) gives a string no offset check accepts: a 400 naming it, like a bad offset.
+    """
+    try:
+        seq = int(last_seq)
+    except ValueError:
+        return f"lastSeq={last_seq}"
+    if seq < -1 or str(seq) != last_seq.strip():
+        return f"lastSeq={last_seq}"
+    # Log seqs count from 1, the coordinator's from 0: event n of the log is lastSeq n-1.
+    return START_OFFSET if seq == -1 else format_offset(run_id, seq + 1)
+
+
 def request_offset(request: Request) -> str:
-    """The resume cursor of a request: ``Last-Event-ID``, else ``?offset=``, else ``-1`` (from the start)."""
+    """The resume cursor of a request: ``Last-Event-ID``, else ``?offset=``, else ``?lastSeq=``, else ``-1``."""
     header = request.headers.get("last-event-id")
     if header:
         return header
-    return request.query_params.get("offset", START_OFFSET)
+    offset = request.query_params.get("offset")
+    if offset is not None:
+        return offset
+    last_seq = request.query_params.get("lastSeq")
+    run_id = request.path_params.get("run_id")
+    if last_seq is not None and isinstance(run_id, str):
+        return offset_for_last_seq(run_id, last_seq)
+    return START_OFFSET
 
 
 def refuse_bad_run_id(run_id: str) -> None:
@@ -325,6 +348,10 @@ async def _ws_offset(websocket: WebSocket, timeout_s: float) -> str | None:
     offset = websocket.query_params.get("offset")
     if offset is not None:
         return offset
+    last_seq = websocket.query_params.get("lastSeq")
+    run_id = websocket.path_params.get("run_id")
+    if last_seq is not None and isinstance(run_id, str):
+        return offset_for_last_seq(run_id, last_seq)
     try:
         message = await asyncio.wait_for(websocket.receive(), timeout_s)
     except TimeoutError:

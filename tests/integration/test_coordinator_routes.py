@@ -244,7 +244,7 @@ def test_metadata_reaches_the_adapter_and_is_never_stored(tmp_path: Path) -> Non
 
 
 def test_websocket_tail_of_a_finished_run_and_its_refusals(tmp_path: Path) -> None:
-    """A15-A17: WS on a finished 3-line run from the start: every frame in order, the status frame, close 1000
+    """A15-A17: WS on a finished 3-line run from ``lastSeq=-1``: every frame in order, the status frame, close 1000
     ``run complete``; client messages change nothing; an unknown run closes 4404, a bad offset 4400."""
 
     async def scenario(stack: Stack) -> None:
@@ -252,7 +252,7 @@ def test_websocket_tail_of_a_finished_run_and_its_refusals(tmp_path: Path) -> No
         await stack.until("r-ws", "t-ws", "completed")
         ws_base = stack.url.replace("http://", "ws://")
         async with connect(
-            f"{ws_base}/runs/r-ws/stream?threadId=t-ws&offset=-1", additional_headers=client_headers()
+            f"{ws_base}/runs/r-ws/stream?threadId=t-ws&lastSeq=-1", additional_headers=client_headers()
         ) as ws:
             await ws.send("hello")  # inbound frames are ignored
             frames: list[dict[str, Any]] = []
@@ -269,10 +269,9 @@ def test_websocket_tail_of_a_finished_run_and_its_refusals(tmp_path: Path) -> No
         assert deltas == ["line 1\n", "line 2\n", "line 3\n"]
         for path, code in [
             ("/runs/r-none/stream?threadId=t-ws&offset=-1", 4404),
-            (
-                "/runs/r-ws/stream?threadId=t-ws&offset=abc",
-                4400,
-            ),
+            ("/runs/r-ws/stream?threadId=t-ws&offset=abc", 4400),
+            ("/runs/r-ws/stream?threadId=t-ws&lastSeq=abc", 4400),
+            ("/runs/r-ws/stream?threadId=t-ws&lastSeq=99", 4400),
         ]:
             async with connect(ws_base + path, additional_headers=client_headers()) as ws:
                 with pytest.raises(ConnectionClosed) as refused:
@@ -307,6 +306,15 @@ def test_sse_ids_are_offsets_and_a_reconnecting_client_sees_each_event_once(tmp_
         assert len(seen) == len(set(seen))
         whole = await stack.sse("r-re", "t-re")
         assert [ident for event, ident, _ in whole if event is None] == seen
+        # ?lastSeq= (0-based, exclusive; R15) resumes like the offset of that event.
+        async with stack.http.stream(
+            "GET", f"{stack.url}/runs/r-re/events", params={"threadId": "t-re", "lastSeq": "2"}
+        ) as after:
+            ids = [line async for line in after.aiter_lines() if line.startswith("id: ")]
+        assert ids[0] == f"id: {seen[3]}" and len(ids) == len(seen) - 3
+        for bad in ("abc", "1.5", "-2", str(len(seen) + 3)):
+            refused = await stack.get("/runs/r-re/events", params={"threadId": "t-re", "lastSeq": bad})
+            assert refused.status_code == 400, (bad, refused.text)
         deltas = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
         assert deltas == [f"line {i}\n" for i in range(1, 31)]
 
