@@ -326,6 +326,8 @@ class E2BHandle:
             )
         except (e2b.SandboxNotRunningException, e2b.SandboxNotFoundException) as exc:
             raise SandboxNotFoundError(NAME, self.id, "is gone (killed or expired)") from exc
+        except e2b.SandboxException as exc:  # envd refused to start it (a missing cwd, ...)
+            raise SandboxCommandError("exec", -1, str(exc)) from exc
         return E2BProcess(self, sdk_handle, out, err, pid_file, stdin)
 
     async def plain(self, line: str) -> ExecResult:

@@ -15,7 +15,9 @@ Docker SDK's blocking calls go to a small pool, exec streams are read non-blocki
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import socket
 import struct
 import threading
@@ -26,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .agent import SOURCE as AGENT
+
 FAKE_LABEL = "boxwright.fake-cloud"
 _T = TypeVar("_T")
-# The first stderr line of every exec is its pid, written by this wrapper before it execs the command.
-_PID_WRAPPER = 'echo "$$" >&2; cd "$1" 2>/dev/null || { echo "chdir $1: no such file or directory" >&2; exit 1; }; shift; exec "$@"'
 
 
 @dataclass
@@ -43,103 +45,62 @@ class Received:
 
 
 class Process:
-    """One ``docker exec`` inside a machine: pid, streaming output, writable stdin, exit code."""
+    """One process the machine's agent started: pid, streaming output, writable stdin, exit code."""
 
-    def __init__(self, machine: Machine, exec_id: str, raw: Any, stdin: bool) -> None:
+    def __init__(self, machine: Machine, ident: int, stdin: bool) -> None:
         self.machine = machine
-        self._exec_id = exec_id
-        self._raw = raw
-        self.sock: socket.socket = raw._sock
-        self.sock.settimeout(None)
-        self.sock.setblocking(False)
+        self.ident = ident
         self.stdin_open = stdin
         self.pid = 0
-        self.signalled = False  # whether the agent itself signalled this pid (how a signal death is told)
+        self.signal_death = False  # the agent saw a signal end it (its true wait status)
         self.output: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
-        self._pid_known = asyncio.Event()
+        self.begun: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._reader = asyncio.ensure_future(self._read())
 
-    async def started(self) -> int:
-        await asyncio.wait_for(self._pid_known.wait(), 30)
-        return self.pid
-
-    async def _read(self) -> None:
-        loop = asyncio.get_running_loop()
-        buffer = bytearray()
-        err_head = bytearray()
-        try:
-            while True:
-                try:
-                    data = await loop.sock_recv(self.sock, 65536)
-                except OSError:
-                    break
-                if not data:
-                    break
-                buffer += data
-                while len(buffer) >= 8:
-                    (size,) = struct.unpack(">I", bytes(buffer[4:8]))
-                    if len(buffer) < 8 + size:
-                        break
-                    kind, payload = buffer[0], bytes(buffer[8 : 8 + size])
-                    del buffer[: 8 + size]
-                    if kind == 2 and not self._pid_known.is_set():
-                        err_head += payload
-                        if b"\n" not in err_head:
-                            continue
-                        line, _, payload = bytes(err_head).partition(b"\n")
-                        self.pid = int(line.strip() or b"0")
-                        self._pid_known.set()
-                        if not payload:
-                            continue
-                    self.output.put_nowait(("stderr" if kind == 2 else "stdout", payload))
-        finally:
-            self._pid_known.set()
-            with contextlib.suppress(Exception):
-                self.sock.close()
-            with contextlib.suppress(Exception):
-                self._raw.close()
-            code = await self._exit()
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event["ev"]
+        if kind == "started":
+            self.pid = int(event["pid"])
+            self.begun.set_result(self.pid)
+        elif kind == "error":
+            self.begun.set_exception(OSError(event["message"]))
+            self.output.put_nowait(None)
+        elif kind == "out":
+            self.output.put_nowait(("stderr" if event["fd"] == 2 else "stdout", base64.b64decode(event["data"])))
+        elif kind == "exit":
+            self.signal_death = bool(event["signal"])
             self.output.put_nowait(None)
             if not self.exit_code.done():
-                self.exit_code.set_result(code)
+                self.exit_code.set_result(int(event["code"]))
 
-    async def _exit(self) -> int:
-        api = self.machine.cloud
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                state = await api.call(api.api.exec_inspect, self._exec_id)
-            except Exception:
-                return -1
-            if not state.get("Running"):
-                return int(state.get("ExitCode") or 0)
-            await asyncio.sleep(0.02)
-        return -1
+    def lost(self) -> None:
+        """The machine went away under the process."""
+        if not self.begun.done():
+            self.begun.set_exception(OSError("the machine is gone"))
+        if not self.exit_code.done():
+            self.output.put_nowait(None)
+            self.exit_code.set_result(-1)
 
     async def write(self, data: bytes) -> None:
         if not self.stdin_open:
             raise OSError("stdin is closed")
-        await asyncio.get_running_loop().sock_sendall(self.sock, data)
+        await self.machine.ask({"op": "stdin", "id": self.ident, "data": base64.b64encode(data).decode()})
 
     def close_stdin(self) -> None:
         if self.stdin_open:
             self.stdin_open = False
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_WR)
+            asyncio.ensure_future(self.machine.ask({"op": "close", "id": self.ident}, check=False))
 
     async def signal(self, signo: int) -> bool:
         """Signal the process itself (its pid, not its group): what the vendors' agents do."""
         if self.exit_code.done() or not self.pid:
             return False
-        self.signalled = True
-        result = await self.machine.run(["kill", f"-{signo}", str(self.pid)], user="root", record=False)
-        return result[0] == 0
+        return await self.machine.ask({"op": "signal", "pid": self.pid, "sig": signo}, check=False)
 
 
 @dataclass
 class Machine:
-    """A fake sandbox's VM: one container, its user, home and env."""
+    """A fake sandbox's VM: one container, its agent, user, home and env."""
 
     cloud: FakeCloud
     id: str
@@ -152,29 +113,130 @@ class Machine:
     commands: list[Received] = field(default_factory=list)
     processes: dict[int, Process] = field(default_factory=dict)
     running: bool = True
+    _agent: Any = None
+    _sock: Any = None
+    _by_ident: dict[int, Process] = field(default_factory=dict)
+    _acks: dict[int, asyncio.Future[bool]] = field(default_factory=dict)
+    _next: int = 0
+
+    async def boot(self) -> None:
+        """Start the agent (one long exec) and read its events."""
+        api = self.cloud
+        created = await api.call(
+            api.api.exec_create, self.container, ["python3", "-c", AGENT], stdin=True, stdout=True, stderr=True,
+            tty=False, user="0:0",
+        )
+        self._agent = await api.call(api.api.exec_start, created["Id"], socket=True)
+        self._sock = self._agent._sock
+        self._sock.settimeout(None)
+        self._sock.setblocking(False)
+        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.ensure_future(self._read())
+        # Nothing is sent before the agent said it reads: a docker exec may drop stdin written before its process runs.
+        await asyncio.wait_for(asyncio.shield(self._ready), 20)
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        buffer, lines = bytearray(), bytearray()
+        try:
+            while True:
+                try:
+                    data = await loop.sock_recv(self._sock, 65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                buffer += data
+                while len(buffer) >= 8:
+                    (size,) = struct.unpack(">I", bytes(buffer[4:8]))
+                    if len(buffer) < 8 + size:
+                        break
+                    kind, payload = buffer[0], bytes(buffer[8 : 8 + size])
+                    del buffer[: 8 + size]
+                    if kind != 1:
+                        continue  # the agent's own stderr (a crash): nothing a client sees
+                    lines += payload
+                    while b"\n" in lines:
+                        line, _, rest = bytes(lines).partition(b"\n")
+                        lines = bytearray(rest)
+                        self._dispatch(json.loads(line))
+        finally:
+            self.running = False
+            with contextlib.suppress(Exception):
+                self._sock.close()
+            with contextlib.suppress(Exception):
+                self._agent.close()
+            if not self._ready.done():
+                self._ready.set_exception(OSError("the agent ended before it was ready"))
+            for process in list(self._by_ident.values()):
+                process.lost()
+            for ack in self._acks.values():
+                if not ack.done():
+                    ack.set_result(False)
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        if event["ev"] == "ready":
+            if not self._ready.done():
+                self._ready.set_result(None)
+            return
+        if event["ev"] == "ack":
+            ack = self._acks.pop(int(event["ref"]), None)
+            if ack is not None and not ack.done():
+                ack.set_result(bool(event["ok"]))
+            return
+        process = self._by_ident.get(int(event["id"]))
+        if process is None:
+            return
+        process.on_event(event)
+        if event["ev"] == "started":
+            self.processes[process.pid] = process
+        elif event["ev"] in ("exit", "error"):
+            self._by_ident.pop(process.ident, None)
+            self.processes.pop(process.pid, None)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if not self.running:
+            raise OSError("the machine is gone")
+        data = (json.dumps(message) + "\n").encode()
+        await asyncio.get_running_loop().sock_sendall(self._sock, data)
+
+    async def ask(self, message: dict[str, Any], check: bool = True) -> bool:
+        self._next += 1
+        ref = self._next
+        ack: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._acks[ref] = ack
+        try:
+            await self._send({**message, "ref": ref})
+        except OSError:
+            self._acks.pop(ref, None)
+            if check:
+                raise
+            return False
+        ok = await ack
+        if check and not ok:
+            raise OSError("the agent refused")
+        return ok
 
     async def start(
         self, argv: Sequence[str], *, user: str | None = None, env: Mapping[str, str] | None = None,
         cwd: str | None = None, stdin: bool = False, record: bool = True,
     ) -> Process:
         who = user or self.user
-        merged = {"HOME": self.home if who != "root" else "/root", "USER": who, **self.env, **(env or {})}
-        where = cwd or (self.home if who != "root" else "/root")
         if record:
-            self.commands.append(Received(list(argv), dict(env or {}), who, where))
-        api = self.cloud
-        wrapped = ["sh", "-c", _PID_WRAPPER, "fake-agent", where, *argv]
-        created = await api.call(
-            api.api.exec_create, self.container, wrapped, stdin=True, stdout=True, stderr=True, tty=False,
-            environment=[f"{k}={v}" for k, v in merged.items()], user=who,
-        )
-        raw = await api.call(api.api.exec_start, created["Id"], socket=True)
-        process = Process(self, created["Id"], raw, stdin)
-        if not stdin:
-            process.close_stdin()
-        await process.started()
-        self.processes[process.pid] = process
-        process.exit_code.add_done_callback(lambda _: self.processes.pop(process.pid, None))
+            self.commands.append(Received(list(argv), dict(env or {}), who, cwd or ""))
+        self._next += 1
+        process = Process(self, self._next, stdin)
+        self._by_ident[process.ident] = process
+        message = {
+            "op": "start", "id": process.ident, "argv": list(argv), "user": who, "cwd": cwd or "",
+            "env": {**self.env, **(env or {})}, "stdin": stdin,
+        }
+        try:
+            await self._send(message)
+            await process.begun
+        except OSError:
+            self._by_ident.pop(process.ident, None)
+            raise
         return process
 
     async def run(
@@ -190,11 +252,19 @@ class Machine:
             (err if item[0] == "stderr" else out).extend(item[1])
         return await process.exit_code, bytes(out), bytes(err)
 
+    def close(self) -> None:
+        # Cancel the read (its finally closes the socket): closing an fd under a pending sock_recv
+        # leaves a stale selector entry that a new socket with the same fd number would inherit.
+        self.running = False
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.cancel()
+
 
 class FakeCloud:
     """Creates, commits and removes the machines of one fake vendor; tracks what it made for cleanup."""
 
-    def __init__(self, image: str, user: str, home: str, uid: int = 1000) -> None:
+    def __init__(self, image: str, user: str, home: str, uid: int = 1000, warm_size: int = 2) -> None:
         import docker  # type: ignore[import-untyped]
 
         self.api = docker.APIClient(version="auto", timeout=120)
@@ -204,7 +274,11 @@ class FakeCloud:
         self.home = home
         self.uid = uid
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fake-cloud")
-        self.machines: dict[str, Machine] = {}
+        self.machines: dict[str, Machine] = {}  # by sandbox id: the machines a client was given
+        self._all: dict[str, Machine] = {}  # by container id: every machine made, warm ones too
+        self._warm: list[Machine] = []
+        self._filling: set[asyncio.Future[None]] = set()
+        self.warm_size = warm_size
         self.images: set[str] = set()
         self._lock = threading.Lock()
 
@@ -213,24 +287,46 @@ class FakeCloud:
 
     async def create(
         self, *, image: str | None = None, env: Mapping[str, str] | None = None, network: bool = True,
-        labels: Mapping[str, str] | None = None, sandbox_id: str | None = None,
+        sandbox_id: str | None = None,
     ) -> Machine:
+        """A running machine: a warm one of the template when there is one (as vendors boot from pools)."""
         image = image or self.image
+        machine = self._warm.pop() if image == self.image and network and self._warm else None
+        if machine is None:
+            machine = await self._make(image, network)
+        if image == self.image and network and self.warm_size:
+            self._refill()
+        machine.id = sandbox_id or machine.id
+        machine.env = dict(env or {})
+        with self._lock:
+            self.machines[machine.id] = machine
+        return machine
+
+    def _refill(self) -> None:
+        async def one() -> None:
+            with contextlib.suppress(Exception):
+                self._warm.append(await self._make(self.image, True))
+
+        while len(self._warm) + len(self._filling) < self.warm_size:
+            task = asyncio.ensure_future(one())
+            self._filling.add(task)
+            task.add_done_callback(self._filling.discard)
+
+    async def _make(self, image: str, network: bool) -> Machine:
         host_config = self.api.create_host_config(
             init=True, network_mode="none" if not network else None, pids_limit=512, mem_limit="1g",
             extra_hosts={"host.docker.internal": "host-gateway"} if network else None,
         )
         created = await self.call(
             self.api.create_container, image, command=["sleep", "infinity"], user="0:0",
-            labels={FAKE_LABEL: "1", **(labels or {})}, host_config=host_config, tty=False,
+            labels={FAKE_LABEL: "1"}, host_config=host_config, tty=False,
         )
         cid = str(created["Id"])
-        machine = Machine(self, sandbox_id or uuid.uuid4().hex[:20], cid, self.user, self.home, dict(env or {}),
-                          image, network)
-        with self._lock:
-            self.machines[machine.id] = machine
+        machine = Machine(self, uuid.uuid4().hex[:20], cid, self.user, self.home, {}, image, network)
+        self._all[cid] = machine
         try:
             await self.call(self.api.start, cid)
+            await machine.boot()
             if image == self.image:
                 # The vendor's template: its user (uid 1000) with a writable home; / itself is root's.
                 script = (
@@ -243,7 +339,10 @@ class FakeCloud:
                 if code != 0:
                     raise RuntimeError(f"fake machine setup failed: {err!r}")
         except BaseException:
-            await self.remove(machine.id)
+            machine.close()
+            self._all.pop(cid, None)
+            with contextlib.suppress(Exception):
+                await self.call(self.api.remove_container, cid, force=True, v=True)
             raise
         return machine
 
@@ -256,19 +355,21 @@ class FakeCloud:
         return ref
 
     async def stop(self, machine: Machine) -> None:
-        machine.running = False
+        machine.close()
         await self.call(self.api.stop, machine.container, timeout=1)
 
     async def restart(self, machine: Machine) -> None:
         await self.call(self.api.start, machine.container)
         machine.running = True
+        await machine.boot()
 
     async def remove(self, machine_id: str) -> bool:
         with self._lock:
             machine = self.machines.pop(machine_id, None)
         if machine is None:
             return False
-        machine.running = False
+        machine.close()
+        self._all.pop(machine.container, None)
         with contextlib.suppress(self.errors.NotFound):
             await self.call(self.api.remove_container, machine.container, force=True, v=True)
         return True
@@ -285,8 +386,9 @@ class FakeCloud:
     def cleanup(self) -> None:
         """Remove every container and image this fake made (blocking; from the test thread)."""
         with self._lock:
-            machines, images = list(self.machines.values()), list(self.images)
+            machines, images = list(self._all.values()), list(self.images)
             self.machines.clear()
+            self._all.clear()
             self.images.clear()
         for machine in machines:
             with contextlib.suppress(Exception):

@@ -19,8 +19,7 @@ Follows ``e2b`` 2.63.0 (``e2b/api/client/api/*``, ``e2b/envd/*``), envd version 
 - Port traffic: ``<port>-<id>.<domain>`` in the Host header is proxied to the machine's
   port; with public traffic off it needs ``e2b-traffic-access-token``.
 
-Deviation: Docker's exec state cannot tell ``exit 137`` from a SIGKILL, so a command ends
-as a signal death only when the fake's own SendSignal hit it (boxwright never uses that kill).
+Commands run through the machine's in-VM agent (``agent.py``), which sees true wait statuses.
 """
 
 from __future__ import annotations
@@ -403,10 +402,13 @@ class _Process:
         box = self._box(ctx)
         config = request.process
         cwd = config.cwd if config.has_field("cwd") else None
-        process = await box.machine.start(
-            [config.cmd, *config.args], user=_user_of(ctx), env=dict(config.envs), cwd=cwd,
-            stdin=bool(request.stdin),
-        )
+        try:
+            process = await box.machine.start(
+                [config.cmd, *config.args], user=_user_of(ctx), env=dict(config.envs), cwd=cwd,
+                stdin=bool(request.stdin),
+            )
+        except OSError as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"error starting process: {exc}") from exc
         event = process_pb.ProcessEvent
         yield process_pb.StartResponse(event=event(event=Oneof("start", event.StartEvent(pid=process.pid))))
         interval = float(ctx.request_headers.get("keepalive-ping-interval") or 50)
@@ -423,7 +425,7 @@ class _Process:
         code = await process.exit_code
         if not box.machine.running:
             raise ConnectError(Code.UNAVAILABLE, "the connection to the sandbox ended before the stream completed")
-        if process.signalled and 128 < code <= 128 + 64:
+        if process.signal_death:
             end = event.EndEvent(exit_code=-1, exited=False, status=f"signal: {_signal_name(code)}")
         else:
             end = event.EndEvent(exit_code=code, exited=True, status=f"exit status {code}")
