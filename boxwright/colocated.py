@@ -111,16 +111,24 @@ def runner_token(secret: str, sandbox_id: str) -> str:
     return hmac.new(secret.encode(), f"boxwright runner token v1\0{sandbox_id}".encode(), hashlib.sha256).hexdigest()
 
 
-def _token_for(handle: SandboxHandle, runner_secret: str | None, durable: bool) -> str:
+def _tokens_for(handle: SandboxHandle, run_id: str, runner_secret: str | None, durable: bool) -> tuple[str, str]:
+    """(the runner's token, the run's tool-exec token)."""
     secret = runner_secret if runner_secret is not None else os.environ.get(RUNNER_SECRET_ENV)
     if secret:
-        return runner_token(secret, handle.id)
+        # The tool-exec token is derived too, though it needs no recovery (a successor sends its own with
+        # attach): every host of the run then scrubs the same values, and a scrubber holds back a delta's
+        # tail by the secrets' prefixes, so different ones would re-chunk the replayed text differently
+        # from what the predecessor stored, and the takeover's alignment would call that a divergence.
+        exec_token = hmac.new(
+            secret.encode(), f"boxwright tool-exec token v1\0{handle.id}\0{run_id}".encode(), hashlib.sha256
+        ).hexdigest()
+        return runner_token(secret, handle.id), exec_token
     if durable:
         raise ColocatedRunError(
             "a durable co-located run needs a runner secret that every host which may take it over shares: "
             f"pass runner_secret= (SandboxService(runner_secret=...)) or set ${RUNNER_SECRET_ENV}"
         )
-    return secrets.token_urlsafe(32)
+    return secrets.token_urlsafe(32), secrets.token_urlsafe(32)
 
 
 async def _next_line(lines: AsyncIterator[str], stop: AbortSignal) -> str | None:
@@ -171,14 +179,13 @@ async def colocated_drive(
     if address is None:
         raise UnsupportedCapabilityError(handle.provider, "colocated", "co-located mode needs the Docker provider")
     host = await address()
-    runner_token = _token_for(handle, runner_secret, durable)
-    exec_token = secrets.token_urlsafe(32)
-    scrub.add([runner_token, exec_token])
+    token, exec_token = _tokens_for(handle, run_id, runner_secret, durable)
+    scrub.add([token, exec_token])
     env = {k: v for k, v in host_env.items() if k.startswith(_HARNESS_ENV_PREFIXES)}
     env.update(getattr(harness, "env", None) or {})
     scrub.add([v for k, v in env.items() if "KEY" in k or "TOKEN" in k])
     base = f"http://{host}:{RUNNER_PORT}"
-    headers = {"Authorization": f"Bearer {runner_token}"}
+    headers = {"Authorization": f"Bearer {token}"}
     run_path = f"{base}/runs/{quote(run_id, safe='')}"
     exec_server = await serve_asgi(
         tool_exec_app({run_id: ToolExecRun(tools, token=exec_token, thread_id=thread_id, signal=signal)}),
@@ -216,7 +223,7 @@ async def colocated_drive(
                         # not depend on (or block on) a host that may die mid-run.
                         f"exec python -m boxwright.runner --host {host} --port {RUNNER_PORT} "
                         f">{RUNNER_LOG} 2>&1 </dev/null",
-                        ProcessOptions(env={**env, RUNNER_TOKEN_ENV: runner_token}),
+                        ProcessOptions(env={**env, RUNNER_TOKEN_ENV: token}),
                     )
                     await _healthy(client, base, handle)
                     request = ContainerRunRequest(
