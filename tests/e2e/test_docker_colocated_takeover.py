@@ -55,6 +55,7 @@ from tests.support.require import missing
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
 __all__ = ["no_leaked_containers"]
 SECRET = "test-replicas-shared-runner-secret"
+INTRO = "I will change the greeting in the readme first, then read the todos."
 # The Bash call the host dies in: long enough that the agent is still in it when the host is gone.
 EDIT = "sed -i 's/hello/hello from claude/' README.md && sleep 3"
 
@@ -111,7 +112,8 @@ def test_a_successor_host_attaches_to_the_runner_after_a_sigkill_mid_tool_call(t
     model = FakeModelServer(
         {
             "takeover": [
-                ToolCall("Bash", {"command": EDIT, "description": "edit the readme"}),
+                # Text host A stores before it dies: host B re-derives it and must match it event for event.
+                ToolCall("Bash", {"command": EDIT, "description": "edit the readme"}, text=INTRO),
                 ToolCall("mcp__boxwright__get_todos", {"status": "open"}),  # made while no host answers
                 ToolCall("mcp__boxwright__get_todos", {"status": "done"}),  # made once host B attached
                 Text("I edited it and read your todos."),
@@ -149,6 +151,8 @@ def test_a_successor_host_attaches_to_the_runner_after_a_sigkill_mid_tool_call(t
         time.sleep(1.0)
         before = stored_events(db, run_id)
         assert not any(isinstance(e, RunFinishedEvent) for e in before)
+        stored_text = "".join(e.delta for e in before if isinstance(e, TextMessageContentEvent))
+        assert stored_text == INTRO, "host A stored the text before the call it died in"
         with host("host-b", tmp_path, db, calls, model_port, run_id) as (b_url, _b_proc):
             status = tail_to_status(b_url, run_id, timeout=180)
             taken_over_in = time.monotonic() - killed_at
