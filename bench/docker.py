@@ -1,6 +1,6 @@
 """Docker provider bench: create-to-first-exec and exec round trip, side by side in one run.
 
-    .venv/bin/python bench/docker.py [--image IMAGE] [--rounds N]
+    .venv/bin/python bench/docker.py [--image IMAGE] [--rounds N] [--execs N] [--no-swerex]
 
 Peers, each measured here on the same engine and image:
   - the Docker CLI: `docker run --rm IMAGE true` (create) and `docker exec CID true` (exec);
@@ -9,13 +9,18 @@ Peers, each measured here on the same engine and image:
     (`boxwright-bench-swerex:1.4.0`, built here from wheels: never pulled) and its client into a venv of its own
     (/tmp/boxwright-bench-swerex-venv), so the project's venv is untouched.
 Goals (issue 12): create <= 1.0x the CLI run and ahead of SWE-ReX's start; exec <= 0.25x the CLI exec and ahead
-of SWE-ReX's round trip. Prints medians and ratios; exits 0 whatever they are (a bench, not a test).
+of SWE-ReX's round trip. The peers run round by round in one process, interleaved in a rotating order, so a
+machine whose load swings (other jobs) weighs on each alike; ratios are medians of round-by-round ratios.
+boxwright's exec is measured in the steady state, once the handle's exec server answers (it starts in the
+background after create; until then commands take docker exec). Prints medians and ratios; exits 0 whatever
+they are (a bench, not a test).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 # This file is named like the SDK: without its own directory on sys.path, `import docker` finds the SDK.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,41 +51,61 @@ def _timed(argv: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def cli_figures(image: str, rounds: int) -> tuple[float, float]:
-    runs = [_timed(["docker", "run", "--rm", "--label", LABEL, image, "true"]) for _ in range(rounds)]
-    cid = subprocess.run(
-        ["docker", "run", "-d", "--label", LABEL, image, "sleep", "infinity"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    try:
-        execs = [_timed(["docker", "exec", cid, "true"]) for _ in range(rounds * 3)]
-    finally:
-        subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
-    return _median_ms(runs), _median_ms(execs)
+class Cli:
+    """The Docker CLI peer: `docker run --rm IMAGE true`, and `docker exec CID true` on a kept container."""
+
+    def __init__(self, image: str) -> None:
+        self.image = image
+        self.cid = subprocess.run(
+            ["docker", "run", "-d", "--label", LABEL, image, "sleep", "infinity"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    async def create(self) -> float:
+        return await asyncio.to_thread(_timed, ["docker", "run", "--rm", "--label", LABEL, self.image, "true"])
+
+    async def exec(self) -> float:
+        return await asyncio.to_thread(_timed, ["docker", "exec", self.cid, "true"])
+
+    async def close(self) -> None:
+        await asyncio.to_thread(subprocess.run, ["docker", "rm", "-f", self.cid], capture_output=True)
 
 
-async def boxwright_figures(image: str, rounds: int) -> tuple[float, float]:
-    from boxwright.providers.docker import docker_sandbox
+class Boxwright:
+    """boxwright's provider: create to first exec; exec round trips on a handle past its start (the fast path)."""
 
-    provider = docker_sandbox(image, labels={"boxwright.bench": "1"})
-    creates: list[float] = []
-    execs: list[float] = []
-    for i in range(rounds):
+    def __init__(self, image: str) -> None:
+        from boxwright.providers.docker import docker_sandbox
+
+        self.provider = docker_sandbox(image, labels={"boxwright.bench": "1"})
+        self.handle: Any = None
+
+    async def create(self) -> float:
         started = time.perf_counter()
-        handle = await provider.create()
+        handle = await self.provider.create()
         await handle.process.exec("true")
-        creates.append(time.perf_counter() - started)
-        try:
-            if i == 0:
-                for _ in range(rounds * 3):
-                    t = time.perf_counter()
-                    await handle.process.exec("true")
-                    execs.append(time.perf_counter() - t)
-        finally:
-            await handle.destroy()
-    return _median_ms(creates), _median_ms(execs)
+        took = time.perf_counter() - started
+        await handle.destroy()
+        return took
+
+    async def exec(self) -> float:
+        if self.handle is None:
+            self.handle = await self.provider.create()
+            # Steady state: the exec server starts in the background after create; until it answers
+            # (a few hundred ms), commands take docker exec.
+            deadline = time.monotonic() + 10
+            while self.handle._fast is None and time.monotonic() < deadline:
+                await self.handle.process.exec("true")
+                await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        await self.handle.process.exec("true")
+        return time.perf_counter() - started
+
+    async def close(self) -> None:
+        if self.handle is not None:
+            await self.handle.destroy()
 
 
 def ensure_swerex(base_image: str) -> str | None:
@@ -114,90 +140,149 @@ def ensure_swerex(base_image: str) -> str | None:
     return None
 
 
-_SWEREX_SCRIPT = r"""
-import asyncio, json, statistics, sys, time
+# A worker in SWE-ReX's own venv, driven line by line so its rounds interleave with the others':
+# "start" -> start a deployment and run its first command; "exec" -> one round trip; "stop".
+_SWEREX_WORKER = r"""
+import asyncio, json, sys, time
 from swerex.deployment.docker import DockerDeployment
 from swerex.runtime.abstract import Command
 
-async def main(image, rounds):
-    starts, trips = [], []
-    for i in range(rounds):
-        t = time.perf_counter()
-        d = DockerDeployment(image=image, pull="never", docker_args=["--label", "boxwright.bench=1"])
-        await d.start()
-        await d.runtime.execute(Command(command=["true"]))
-        starts.append(time.perf_counter() - t)
-        try:
-            if i == 0:
-                for _ in range(rounds * 3):
-                    t = time.perf_counter()
-                    await d.runtime.execute(Command(command=["true"]))
-                    trips.append(time.perf_counter() - t)
-        finally:
+async def main(image):
+    loop = asyncio.get_running_loop()
+    kept = None
+    while True:
+        line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+        if not line or line == "quit":
+            break
+        if line == "start":
+            t = time.perf_counter()
+            d = DockerDeployment(image=image, pull="never", docker_args=["--label", "boxwright.bench=1"])
+            await d.start()
+            await d.runtime.execute(Command(command=["true"]))
+            took = time.perf_counter() - t
             await d.stop()
-    result = {"start": statistics.median(starts) * 1000, "exec": statistics.median(trips) * 1000}
-    print("BENCH-RESULT " + json.dumps(result))
+        elif line == "exec":
+            if kept is None:
+                kept = DockerDeployment(image=image, pull="never", docker_args=["--label", "boxwright.bench=1"])
+                await kept.start()
+                await kept.runtime.execute(Command(command=["true"]))
+            t = time.perf_counter()
+            await kept.runtime.execute(Command(command=["true"]))
+            took = time.perf_counter() - t
+        print("BENCH-RESULT " + json.dumps(took), flush=True)
+    if kept is not None:
+        await kept.stop()
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+asyncio.run(main(sys.argv[1]))
 """
 
 
-def swerex_figures(rounds: int) -> tuple[float, float]:
-    run = subprocess.run(
-        [f"{SWEREX_VENV}/bin/python", "-c", _SWEREX_SCRIPT, SWEREX_IMAGE, str(rounds)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if run.returncode != 0:
-        raise RuntimeError(f"SWE-ReX bench failed: {run.stderr[-500:]}")
-    # SWE-ReX logs to stdout too: the result is the marked line.
-    marked = [line for line in run.stdout.splitlines() if line.startswith("BENCH-RESULT ")]
-    if not marked:
-        raise RuntimeError(f"SWE-ReX bench printed no result: {run.stdout[-300:]} {run.stderr[-300:]}")
-    figures = json.loads(marked[-1].removeprefix("BENCH-RESULT "))
-    return float(figures["start"]), float(figures["exec"])
+class SweRex:
+    """SWE-ReX 1.4.0's DockerDeployment, through the worker above."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [f"{SWEREX_VENV}/bin/python", "-c", _SWEREX_WORKER, SWEREX_IMAGE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def _ask(self, what: str) -> float:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        # SWE-ReX logs to stdout too: the answer is the marked line.
+        for line in self.proc.stdout:
+            if line.startswith("BENCH-RESULT "):
+                return float(json.loads(line.removeprefix("BENCH-RESULT ")))
+        raise RuntimeError(f"the SWE-ReX worker ended (exit {self.proc.wait()})")
+
+    async def create(self) -> float:
+        return await asyncio.to_thread(self._ask, "start")
+
+    async def exec(self) -> float:
+        return await asyncio.to_thread(self._ask, "exec")
+
+    async def close(self) -> None:
+        def quit() -> None:
+            assert self.proc.stdin is not None
+            with contextlib.suppress(OSError):
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+        await asyncio.to_thread(quit)
+
+
+async def interleaved(peers: dict[str, Any], rounds: int, execs: int) -> dict[str, dict[str, list[float]]]:
+    """Round by round, each peer once (in a rotating order): the machine's load swings hit all alike."""
+    names = list(peers)
+    found: dict[str, dict[str, list[float]]] = {name: {"create": [], "exec": []} for name in names}
+    for i in range(rounds):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            found[name]["create"].append(await peers[name].create())
+        for _ in range(execs):
+            for name in order:
+                found[name]["exec"].append(await peers[name].exec())
+    return found
+
+
+def _paired(mine: list[float], theirs: list[float]) -> str:
+    """The median of round-by-round ratios, with their spread (min..max)."""
+    ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+    return f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}..{max(ratios):.2f})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image", default=os.environ.get("BOXWRIGHT_RUNNER_IMAGE", "boxwright-runner:latest"))
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--execs", type=int, default=5, help="exec round trips per peer per round")
     parser.add_argument("--no-swerex", action="store_true", help="skip the SWE-ReX peer")
     args = parser.parse_args()
+    why = "skipped (--no-swerex)" if args.no_swerex else ensure_swerex(args.image)
+
+    async def run() -> dict[str, dict[str, list[float]]]:
+        peers: dict[str, Any] = {"cli": Cli(args.image), "boxwright": Boxwright(args.image)}
+        if why is None:
+            peers["swerex"] = SweRex()
+        try:
+            return await interleaved(peers, args.rounds, args.execs)
+        finally:
+            for peer in peers.values():
+                with contextlib.suppress(Exception):
+                    await peer.close()
+
     try:
-        cli_run, cli_exec = cli_figures(args.image, args.rounds)
-        bw_create, bw_exec = asyncio.run(boxwright_figures(args.image, args.rounds))
-        rex: tuple[float, float] | None = None
-        why = "skipped (--no-swerex)"
-        if not args.no_swerex:
-            problem = ensure_swerex(args.image)
-            if problem is None:
-                try:
-                    rex = swerex_figures(args.rounds)
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    why = str(exc)
-            else:
-                why = problem
+        found = asyncio.run(run())
     finally:
         left = subprocess.run(
             ["docker", "ps", "-aq", "--filter", f"label={LABEL}"], capture_output=True, text=True
         ).stdout.split()
         if left:
             subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
-    print(f"image {args.image}, {args.rounds} rounds (exec: {args.rounds * 3}), medians")
+    cli, bw, rex = found["cli"], found["boxwright"], found.get("swerex")
+    print(f"image {args.image}, {args.rounds} interleaved rounds ({args.execs} execs each), medians")
     print(
-        f"  create->first exec  boxwright {bw_create:8.1f} ms   docker run --rm true {cli_run:8.1f} ms"
-        f"   ratio {bw_create / cli_run:.2f}x (goal <= 1.0x)"
+        f"  create->first exec  boxwright {_median_ms(bw['create']):8.1f} ms   docker run --rm true"
+        f" {_median_ms(cli['create']):8.1f} ms   ratio {_paired(bw['create'], cli['create'])} (goal <= 1.0x)"
     )
     print(
-        f"  exec round trip     boxwright {bw_exec:8.1f} ms   docker exec true     {cli_exec:8.1f} ms"
-        f"   ratio {bw_exec / cli_exec:.2f}x (goal <= 0.25x)"
+        f"  exec round trip     boxwright {_median_ms(bw['exec']):8.1f} ms   docker exec true    "
+        f" {_median_ms(cli['exec']):8.1f} ms   ratio {_paired(bw['exec'], cli['exec'])} (goal <= 0.25x)"
     )
     if rex is not None:
         print(
-            f"  SWE-ReX 1.4.0       start+first {rex[0]:8.1f} ms (boxwright/SWE-ReX {bw_create / rex[0]:.2f}x,"
-            f" goal < 1)   round trip {rex[1]:6.1f} ms (boxwright/SWE-ReX {bw_exec / rex[1]:.2f}x, goal < 1)"
+            f"  SWE-ReX 1.4.0       start+first {_median_ms(rex['create']):8.1f} ms"
+            f" (boxwright/SWE-ReX {_paired(bw['create'], rex['create'])}, goal < 1)"
+            f"   round trip {_median_ms(rex['exec']):6.1f} ms (boxwright/SWE-ReX {_paired(bw['exec'], rex['exec'])},"
+            " goal < 1)"
         )
     else:
         print(f"  SWE-ReX: {why}")
