@@ -72,7 +72,15 @@ from boxwright.events import (
 )
 from boxwright.harnesses.base import Message
 from boxwright.ids import check_client_run_id, check_thread_id
-from boxwright.runs import NOW_OFFSET, RUN_CANCEL_REASON, START_OFFSET, EventLog, parse_offset
+from boxwright.runs import (
+    NOW_OFFSET,
+    RUN_CANCEL_REASON,
+    START_OFFSET,
+    EventLog,
+    format_offset,
+    is_terminal_status,
+    parse_offset,
+)
 from boxwright.secrets import redact
 from boxwright.tool_bridge.tools import Tool, define_tool, object_schema
 
@@ -427,6 +435,30 @@ async def agui_response(service: Any, run_id: str, request: Request) -> Response
 # -- the routes ------------------------------------------------------------------------------------
 
 
+# How long a new input waits for its thread's previous run, whose log already ended, to record its end.
+ENDING_WAIT_S: Final = 30.0
+
+
+async def _ending(service: Any, run_id: str) -> bool:
+    """Whether ``run_id``'s log holds its terminal event and its record then turned terminal (in time)."""
+    events: EventLog = service.log
+    last = parse_offset(run_id, await events.tail(run_id)) or 0
+    if last == 0:
+        return False
+    reader = events.read(run_id, format_offset(run_id, last - 1), live=False)
+    async with contextlib.aclosing(reader):  # type: ignore[type-var]
+        ends = [event async for _, event in reader]
+    if not ends or not isinstance(ends[-1], (RunFinishedEvent, RunErrorEvent)):
+        return False
+    deadline = asyncio.get_running_loop().time() + ENDING_WAIT_S
+    while asyncio.get_running_loop().time() < deadline:
+        record = await service.runs.get(run_id)
+        if record is None or is_terminal_status(record.status):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
 def _is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -469,17 +501,29 @@ def agui_routes(service: Any, *, spec_for: Any, bounded_body: Any) -> list[BaseR
             spec = await spec_for(service, StartRunRequest(prompt=prompt, thread_id=body.thread_id, run_id=body.run_id))
             app_tools = list(spec.tools or ())
             offered = frontend_tools(body, app_tools)
-            run_id = await service.start_run(
-                spec.sandbox,
-                spec.harness,
-                messages,
-                thread_id=body.thread_id,
-                run_id=body.run_id,
-                tools=[*app_tools, *offered] if offered or spec.tools is not None else None,
-                durable=spec.durable,
-                file_hooks=spec.file_hooks,
-                wrap=hand_off(frozenset(t.name for t in offered), body.thread_id, body.run_id) if offered else None,
-            )
+
+            async def start_it() -> str:
+                run_id: str = await service.start_run(
+                    spec.sandbox,
+                    spec.harness,
+                    messages,
+                    thread_id=body.thread_id,
+                    run_id=body.run_id,
+                    tools=[*app_tools, *offered] if offered or spec.tools is not None else None,
+                    durable=spec.durable,
+                    file_hooks=spec.file_hooks,
+                    wrap=hand_off(frozenset(t.name for t in offered), body.thread_id, body.run_id) if offered else None,
+                )
+                return run_id
+
+            try:
+                run_id = await start_it()
+            except ThreadBusyError as exc:
+                # A client answering a frontend tool call posts its next input on the previous run's
+                # RUN_FINISHED, while that run still stops its agent: wait for that end, not a 409.
+                if not await _ending(service, exc.active_run_id):
+                    raise
+                run_id = await start_it()
         except InputRefusal as refusal:
             return refusal.response()
         except RunThreadMismatchError as exc:

@@ -207,3 +207,29 @@ def test_reopening_names_what_is_open_at_an_offset_and_a_finished_run_only_its_e
     finished = ev.RunFinishedEvent(thread_id="t", run_id="r")
     assert reopening([*closed, finished]) == [started, finished]
     assert reopening([]) == []
+
+
+def test_a_next_input_waits_for_a_previous_run_that_ended_its_log_and_a_live_one_is_busy(tmp_path: Path) -> None:
+    """A client answering a frontend tool posts on RUN_FINISHED, while that run still stops its agent."""
+    from boxwright.runs import RunPatch
+
+    async def main() -> None:
+        async with run_stack(tmp_path) as stack:
+            runs, log = stack.service.runs, stack.log
+            await runs.create_or_resume("r-ending", "t-next")
+            await log.append("r-ending", [ev.RunStartedEvent(thread_id="t-next", run_id="r-ending")])
+            busy = await _post(stack, _input("t-next", "r-next", "echo hi"))
+            assert busy.status_code == 409 and busy.json()["activeRunId"] == "r-ending", busy.text
+            await log.append("r-ending", [ev.RunFinishedEvent(thread_id="t-next", run_id="r-ending")])
+
+            async def end_later() -> None:
+                await asyncio.sleep(0.5)
+                await runs.update("r-ending", RunPatch(status="completed"))
+
+            ending = asyncio.ensure_future(end_later())
+            answered = await _post(stack, _input("t-next", "r-next", "echo hi"))
+            await ending
+            assert answered.status_code == 200, answered.text
+            assert _frames(answered.text)[-1]["data"]["type"] == "RUN_FINISHED"
+
+    asyncio.run(main())
