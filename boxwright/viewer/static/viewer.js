@@ -205,7 +205,10 @@ function approvalCard(value) {
   card.append(el("span", { class: "label", text: "approval" }), el("strong", { text: value.title || id }), actions, answer);
   const entry = { card, allow, deny, answer, settled: false, live: value.live === true };
   if (!entry.live) {
-    answer.textContent = "Denied by the policy until a person allows it on a later run.";
+    // The harness denied it already (Claude Code's permission prompt cannot wait): nothing to answer now.
+    actions.hidden = true;
+    entry.settled = true;
+    answer.textContent = "Denied until a person allows it: the agent's harness could not wait for an answer.";
   }
   cards.set(id, entry);
   append(card);
