@@ -1,12 +1,13 @@
 """Coordinator replicas as real processes (``boxwright serve --config tests.support.coordinator:test_config``).
 
-    with coordinators(CoordinatorProcess("a", db, base, agent), ...) as (a, ...):
+    with coordinators(CoordinatorProcess("a", tmp_path, agent), ...) as (a, ...):
         a.post("/runs", {...})
 
 Every process started over the same store URL (default: a SQLite file) is one coordinator.
 ``test_config`` reads its knobs from the environment the helper sets: the agent (a shell command
 run by the command harness in a local-process sandbox under ``BWT_BASE_DIR``), the lease, the
-watchdog. Its tool ``record_call`` appends its arguments to ``BWT_TOOL_LOG``, so a test sees
+watchdog; ``BWT_MODEL_URL`` adds the ``claude`` harness (the real CLI against that fake model). Its tool
+``record_call`` appends its arguments to ``BWT_TOOL_LOG``, so a test sees
 whether a callback ran anything; the ``bridge-env`` harness hands the agent its bridge URL and
 token (``BOXWRIGHT_BRIDGE_URL`` / ``BOXWRIGHT_BRIDGE_TOKEN``) so a shell agent can call it.
 A later chaos test or bench starts replicas over ``redis://`` with ``store=``.
@@ -72,9 +73,19 @@ def test_config() -> CoordinatorConfig:
     env = os.environ
     agent = env["BWT_AGENT"]
     sandbox = define_sandbox("coordinator-test", local_process_sandbox(base_dir=env["BWT_BASE_DIR"]))
+    harnesses: dict[str, Any] = {
+        "command": CommandHarness(command=agent),
+        "bridge-env": BridgeEnvHarness(command=agent),
+    }
+    if env.get("BWT_MODEL_URL"):
+        # The real claude against a fake model (tests/fixtures/fake_model.py) another process serves.
+        from tests.support.agent_harnesses import claude_for
+
+        home = env.get("BWT_CLAUDE_HOME") or os.path.join(env["BWT_BASE_DIR"], "claude-home")
+        harnesses["claude"] = claude_for(env["BWT_MODEL_URL"], home)
     return CoordinatorConfig(
         sandboxes={"local": sandbox},
-        harnesses={"command": CommandHarness(command=agent), "bridge-env": BridgeEnvHarness(command=agent)},
+        harnesses=harnesses,
         tools=[record_call_tool(env["BWT_TOOL_LOG"])],
         lease_ttl_ms=int(env.get("BWT_LEASE_MS", "1500")),
         inactivity_timeout=float(env.get("BWT_INACTIVITY_S", "0")),
@@ -151,12 +162,19 @@ class CoordinatorProcess:
             return []
         return [json.loads(line) for line in self.tool_log.read_text().splitlines() if line.strip()]
 
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def terminate(self, timeout: float = 60) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGCONT)  # a stopped process dies too
             self.proc.kill()
         self.proc.wait(timeout=10)
 
