@@ -1,6 +1,7 @@
 """Every harness's recorded runs, ended every way at every point, pass the official AG-UI verifier (issue 18).
 
-Each recorded CLI output (tests/fixtures/{claude,codex,opencode}) is translated by its harness and
+Each recorded CLI output (tests/fixtures/{claude,codex,opencode,acp}: every harness but Grok, which has
+no recording) is translated by its harness and
 driven through ``pipe_to_run_log``, the log's one writer, and what the log then holds goes to
 ``@ag-ui/client``'s own ``verifyEvents`` (and ``@ag-ui/core``'s event schema) in node: the whole run;
 the run cut after each of its events by a raise (failed), by a cancel, or by its driver dying with
@@ -24,9 +25,11 @@ import msgspec
 import pytest
 
 from boxwright.abort import AbortController
-from boxwright.events import Event
+from boxwright.events import Event, RunStartedEvent
+from boxwright.harnesses.acp import acp
 from boxwright.harnesses.claude_code import claude_code
 from boxwright.harnesses.codex import codex
+from boxwright.harnesses.gemini_cli import gemini_cli
 from boxwright.harnesses.opencode import opencode
 from boxwright.middleware.agui import reopening
 from boxwright.runs import RUN_CANCEL_REASON, RunPatch, pipe_to_run_log
@@ -37,10 +40,15 @@ from tests.support.harness_replay import recording, replay
 from tests.support.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
-HARNESSES: dict[str, tuple[Callable[[], Any], Path]] = {
-    "claude": (claude_code, FIXTURES / "claude"),
-    "codex": (codex, FIXTURES / "codex"),
-    "opencode": (opencode, FIXTURES / "opencode"),
+# Harness, its recordings, which of them. The ACP recordings hold the agent's side of the JSON-RPC
+# session only (no prompt response), so their runs end in the translator's RUN_ERROR: one more ending.
+HARNESSES: dict[str, tuple[Callable[[], Any], Path, str]] = {
+    "claude": (claude_code, FIXTURES / "claude", "*"),
+    "codex": (codex, FIXTURES / "codex", "*"),
+    "opencode": (opencode, FIXTURES / "opencode", "*"),
+    "claude-agent-acp": (lambda: acp(["x"], name="claude-agent-acp"), FIXTURES / "acp", "claude-agent-acp-*"),
+    "codex-acp": (lambda: acp(["x"], name="codex-acp"), FIXTURES / "acp", "codex-acp-*"),
+    "gemini": (gemini_cli, FIXTURES / "acp", "gemini-*"),
 }
 
 
@@ -111,9 +119,14 @@ def _in_band(events: list[Event]) -> list[bytes]:
 def _cases() -> dict[str, list[Event]]:
     async def build() -> dict[str, list[Event]]:
         cases: dict[str, list[Event]] = {}
-        for harness_name, (make, folder) in HARNESSES.items():
-            for path in sorted(folder.glob("*.ndjson")):
-                events = replay(make(), recording(folder, path.stem))
+        for harness_name, (make, folder, pattern) in HARNESSES.items():
+            for path in sorted(folder.glob(f"{pattern}.ndjson")):
+                # As run_agent drives a translator: its own RUN_STARTED first, the translator's dropped.
+                translated = replay(make(), recording(folder, path.stem))
+                events = [
+                    RunStartedEvent(thread_id="t1", run_id="r7"),
+                    *(e for e in translated if e.type != "RUN_STARTED"),
+                ]
                 name = f"{harness_name}/{path.stem}"
                 whole = await _logged(events, None, "whole")
                 cases[f"{name} whole"] = whole
@@ -133,7 +146,7 @@ def test_every_harness_every_ending_and_every_join_pass_the_ag_ui_verifier(tmp_p
     project = _node_project(tmp_path)
     cases = _cases()
     assert len(cases) > 500, len(cases)
-    for name in ("claude/bash", "codex/bash", "opencode/bash"):
+    for name in ("claude/bash", "codex/bash", "opencode/bash", "gemini/gemini-bash"):
         assert cases[f"{name} whole"][0].type == "RUN_STARTED", name
     file = tmp_path / "cases.json"
     file.write_bytes(msgspec.json.encode(cases))
@@ -154,6 +167,7 @@ def test_every_harness_every_ending_and_every_join_pass_the_ag_ui_verifier(tmp_p
 def test_an_early_end_still_gives_one_terminal_event_last(ending: str) -> None:
     folder = FIXTURES / "claude"
     events = replay(claude_code(), recording(folder, "bash"))
+    assert events[0].type == "RUN_STARTED"
     logged = asyncio.run(_logged(events, len(events) // 2, ending))
     types = [e.type for e in logged]
     assert types[0] == "RUN_STARTED" and types[1] == "CUSTOM", types
