@@ -62,13 +62,15 @@ def e2b_fake() -> Any:
     return running_fake("e2b", lambda: FakeE2B(BASE_IMAGE))
 
 
-def _e2b_fake(logger: RecordingLogger, **extra: Any) -> Any:
+def e2b_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """An ``e2b_sandbox`` pointed at the running fake (extra options as for ``e2b_sandbox``)."""
     from boxwright.providers.e2b import e2b_sandbox
 
     fake = e2b_fake()
+    extra.setdefault("api_key", fake.api_key)
     return e2b_sandbox(
-        api_key=fake.api_key, api_url=fake.api_url, sandbox_url=fake.envd_url, http_version="1.1",
-        lifetime=600, logger=logger, metadata={"boxwright.test": "1"}, **extra,
+        api_url=fake.api_url, sandbox_url=fake.envd_url, http_version="1.1",
+        lifetime=600, logger=logger or RecordingLogger(), metadata={"boxwright.test": "1"}, **extra,
     )
 
 
@@ -81,7 +83,7 @@ def _e2b_live(logger: RecordingLogger) -> Any:
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
-    "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), _e2b_fake, _e2b_live),
+    "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
 }
 
 
@@ -117,9 +119,14 @@ def _config(entry: CloudEntry, build: Build, unsupported: str | None, label: str
     )
 
 
+def fake_problem(name: str) -> str | None:
+    """Why the fake of ``name`` cannot run here (no SDK, no Docker, no base image), or None."""
+    return _sdk_problem(CLOUD_PROVIDERS[name].sdk) or image_problem(BASE_IMAGE)
+
+
 def fake_config(name: str) -> ProviderSuiteConfig:
     entry = CLOUD_PROVIDERS[name]
-    problem = _sdk_problem(entry.sdk) or image_problem(BASE_IMAGE)
+    problem = fake_problem(name)
     return _config(entry, entry.fake, problem, f"{name}-fake")
 
 
