@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -200,8 +201,6 @@ def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
         if not secret or len(given) != 1 or not hmac.compare_digest(given[0], f"Bearer {secret}".encode()):
             return json_response(401, {"error": "the sweep needs the admin token", "code": "unauthorized"})
         result = await scheduler.sweep()
-        import msgspec
-
         return Response(msgspec.json.encode(result), media_type="application/json")
 
     routes: list[BaseRoute] = [

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -82,11 +82,11 @@ class Scheduler:
                 await task
         self._tasks.clear()
 
-    async def _loop(self, interval: float, tick: Callable[[], object]) -> None:
+    async def _loop(self, interval: float, tick: Callable[[], Awaitable[object]]) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
-                await tick()  # type: ignore[misc]
+                await tick()
             except Exception as exc:
                 log.error(
                     "%s tick failed: %s", getattr(tick, "__name__", "scheduler"), redact(f"{type(exc).__name__}: {exc}")
