@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from boxwright.errors import StoreUnavailableError
 from boxwright.streams.protocol import (
     CORS_ALLOW_HEADERS,
     JSON_TYPE,
@@ -116,6 +117,11 @@ class StreamsApp:
             response = _error(400, str(exc))
         except _TooLarge:
             response = _error(413, f"the body is over this server's cap of {self.limits.max_body} bytes")
+        except StoreUnavailableError as exc:
+            # The store (a Redis server) is down. This answer acknowledges nothing; the change may still have
+            # landed if the connection dropped mid-commit, which a producer's retry (same seq) deduplicates.
+            log.warning("streams: %s %s refused: %s", request.method, scope.get("path", ""), exc)
+            response = _error(503, "the stream store is unavailable; retry later", {"retry-after": "1"})
         await response(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -137,6 +137,13 @@ _DROP_SQL = (
 )
 
 
+def _stream_id(statement: Statement) -> int:
+    """The id of the stream a statement changes."""
+    op, params = statement
+    index = 4 if op == STATE_OP else 1 if op == CHILDREN_OP else 0
+    return int(params[index])
+
+
 def _sql(statement: Statement) -> list[tuple[str, tuple[Any, ...]]]:
     op, params = statement
     if op == DROP_OP:
@@ -531,9 +538,7 @@ class StreamStore:
                 await self._write(batch)
             except Exception as exc:
                 log.error("streams: a group commit of %d changes failed: %s: %s", len(batch), type(exc).__name__, exc)
-                for op in batch:
-                    if not op.done.done():
-                        op.done.set_exception(exc)
+                self._evict(batch, exc)
                 continue
             for op in batch:
                 if op.after is not None:
@@ -542,6 +547,37 @@ class StreamStore:
                     op.done.set_result(None)
             if self._queue:
                 self._wakeup.set()
+
+    def _evict(self, failed: list[_Op], exc: Exception) -> None:
+        """After a failed commit, memory is ahead of what is stored: fail those changes and the ones queued
+        since on the same streams (their positions count the lost ones), forget the streams (the next request
+        loads them as stored, e.g. once a Redis server is back) and end their readers."""
+        ids: set[int] = set()
+        paths: set[str] = set()
+
+        def touches(op: _Op) -> bool:
+            return any(_stream_id(statement) in ids for statement in op.statements)
+
+        def take(op: _Op) -> None:
+            for statement in op.statements:
+                ids.add(_stream_id(statement))
+                if statement[0] in (CREATE_OP, DROP_OP):
+                    paths.add(statement[1][1])
+            if not op.done.done():
+                op.done.set_exception(exc)
+
+        for op in failed:
+            take(op)
+        while dependent := [op for op in self._queue if touches(op)]:
+            self._queue = [op for op in self._queue if op not in dependent]
+            for op in dependent:
+                take(op)
+        for path, stream in list(self._streams.items()):
+            if (stream is None and path in paths) or (stream is not None and stream.id in ids):
+                del self._streams[path]
+                if stream is not None:
+                    stream.gone = True
+                    stream.wake()
 
     async def _write(self, batch: list[_Op]) -> None:
         await self.persistence.write([(op.grouped, op.statements) for op in batch])

@@ -129,3 +129,28 @@ def test_a_redis_that_is_down_fails_the_apps_startup_with_a_clear_error(server: 
         asyncio.run(asyncio.wait_for(scenario(), 30))
     finally:
         down.stop()
+
+
+def test_appends_while_redis_is_down_get_503_and_memory_never_runs_ahead_of_redis(server: RedisServer) -> None:
+    """A failed commit must not leave its data in memory: a later append would make it readable (and its
+    offsets would shift once the server restarts). The store forgets the stream and reloads it as stored."""
+    store = server.url(prefix=server.fresh_prefix())
+    path = f"/v1/stream/outage-{uuid.uuid4().hex[:8]}"
+    plain = {"content-type": "text/plain"}
+
+    async def scenario() -> None:
+        async with _served(store) as http:
+            assert (await http.put(path, headers=plain, content=b"a")).status_code == 201
+            await asyncio.to_thread(server.kill)
+            refused = await http.post(path, headers=plain, content=b"LOST")
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert "127.0.0.1" not in refused.text  # the store's address stays in the server's log
+            await asyncio.to_thread(server.start)
+            assert (await http.post(path, headers=plain, content=b"b")).status_code == 204
+            read = await http.get(f"{path}?offset=-1")
+            assert read.content == b"ab", read.content
+            assert read.headers["stream-next-offset"] == "0000000000000000_0000000000000002"
+        async with _served(store) as http:  # and that is exactly what Redis holds
+            assert (await http.get(f"{path}?offset=-1")).content == b"ab"
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
