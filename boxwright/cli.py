@@ -28,7 +28,10 @@ class Check(msgspec.Struct):
 
 
 # Names a user of other sandbox libraries looks for: listed so that doctor says plainly they are not here yet.
-NOT_SUPPORTED_YET = (("provider", "e2b"),)
+NOT_SUPPORTED_YET = tuple(
+    ("provider", name)
+    for name in ("vercel", "sprites", "upstash-box", "blaxel", "boxd", "railway", "sbx", "cloudflare")
+)
 NOT_SUPPORTED = "not supported yet: boxwright has no provider or harness for it"
 
 
@@ -170,6 +173,7 @@ def doctor_checks() -> list[Check]:
             else bwrap.reason,
         ),
         *_docker_checks(),
+        *_cloud_checks(),
         _cli_check("claude-code", "claude", "@anthropic-ai/claude-code"),
         _claude_auth_check(),
         _cli_version_check("codex", "codex", "@openai/codex"),
@@ -192,6 +196,13 @@ def _docker_checks() -> list[Check]:
     from .docker_doctor import docker_checks
 
     return [Check(kind, name, ok, detail) for kind, name, ok, detail in docker_checks()]
+
+
+def _cloud_checks() -> list[Check]:
+    """Each cloud provider: its SDK installed, its credential variables set (named, never shown)."""
+    from .cloud_doctor import cloud_checks
+
+    return [Check(kind, name, ok, detail) for kind, name, ok, detail in cloud_checks()]
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

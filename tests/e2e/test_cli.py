@@ -118,8 +118,9 @@ def test_doctor_says_what_is_not_supported_yet_and_whether_claude_can_log_in(tmp
     home = tmp_path / "home"
     home.mkdir()
     checks = _doctor(tmp_path, HOME=str(home))
-    for name in ("provider:e2b",):
+    for name in ("provider:railway",):
         assert checks[name]["ok"] is False and "not supported yet" in str(checks[name]["detail"]), checks[name]
+    assert checks["provider:e2b"]["ok"] is False and "E2B_API_KEY" in str(checks["provider:e2b"]["detail"])
     assert checks["agent-auth:claude-code"]["ok"] is False
     assert "ANTHROPIC_API_KEY" in str(checks["agent-auth:claude-code"]["detail"])
     # A key: named, never shown.
@@ -143,7 +144,7 @@ def test_doctor_says_what_is_not_supported_yet_and_whether_claude_can_log_in(tmp
         text=True,
         timeout=60,
     ).stdout
-    assert "--  e2b" in text and "ok  e2b" not in text
+    assert "--  railway" in text and "ok  railway" not in text
 
 
 def test_doctor_reports_codex_and_opencode_binary_version_and_auth(tmp_path: Path) -> None:

@@ -1,0 +1,28 @@
+"""``boxwright doctor``'s cloud provider lines: is the vendor SDK installed, is its credential set (never shown)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+# (provider, SDK module, extra, credential variables, optional variables)
+CLOUD = (
+    ("e2b", "e2b", "e2b", ("E2B_API_KEY",), ("E2B_DOMAIN",)),
+    ("daytona", "daytona", "daytona", ("DAYTONA_API_KEY",), ("DAYTONA_API_URL", "DAYTONA_TARGET")),
+)
+
+
+def cloud_checks() -> list[tuple[str, str, bool, str]]:
+    """(kind, name, ok, detail) rows, one per cloud provider boxwright has."""
+    rows = []
+    for name, module, extra, needed, optional in CLOUD:
+        if importlib.util.find_spec(module) is None:
+            rows.append(("provider", name, False, f"the `{module}` SDK is not installed: pip install 'boxwright[{extra}]'"))
+            continue
+        missing = [var for var in needed if not os.environ.get(var)]
+        also = f" (optional: {', '.join(optional)})" if optional else ""
+        if missing:
+            rows.append(("provider", name, False, f"needs {' and '.join(missing)}{also}"))
+        else:
+            rows.append(("provider", name, True, f"${' and $'.join(needed)} set{also}"))
+    return rows
