@@ -37,7 +37,9 @@ def owner_id() -> str:
     return socket.gethostname()
 
 
-def ownership(key: str | None, run: str | None, lease_seconds: float, extra: Mapping[str, str] | None) -> dict[str, str]:
+def ownership(
+    key: str | None, run: str | None, lease_seconds: float, extra: Mapping[str, str] | None
+) -> dict[str, str]:
     """The metadata/labels every remote sandbox carries, so ``boxwright reap`` can find a leaked one."""
     labels = {
         **(extra or {}),

@@ -37,8 +37,14 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..abort import AbortSignal
-from ..errors import AbortError, ProcessExitedError, ProviderUnavailableError, SandboxCommandError, SandboxNotFoundError
-from ..errors import UnsupportedCapabilityError
+from ..errors import (
+    AbortError,
+    ProcessExitedError,
+    ProviderUnavailableError,
+    SandboxCommandError,
+    SandboxNotFoundError,
+    UnsupportedCapabilityError,
+)
 from ..git_exec import ExecGit
 from ..sandbox import (
     Capabilities,
@@ -143,8 +149,9 @@ class _Stdin:
 class E2BProcess:
     """``SpawnHandle`` over one envd process; ``kill`` signals the recorded group inside the VM."""
 
-    def __init__(self, handle: E2BHandle, sdk_handle: Any, out: TextChannel, err: TextChannel,
-                 pid_file: str | None, stdin: bool) -> None:
+    def __init__(
+        self, handle: E2BHandle, sdk_handle: Any, out: TextChannel, err: TextChannel, pid_file: str | None, stdin: bool
+    ) -> None:
         self._handle = handle
         self.sdk_handle = sdk_handle
         self.pid = int(sdk_handle.pid)
@@ -236,7 +243,11 @@ class E2BProcesses:
         self.live.add(process)
         process._exit.add_done_callback(lambda _: self.live.discard(process))
         if opts.signal is not None:
-            remove = opts.signal.add_listener(lambda _reason: process.kill_soon())
+
+            def on_abort(_reason: object) -> None:
+                process.kill_soon()
+
+            remove = opts.signal.add_listener(on_abort)
             process._exit.add_done_callback(lambda _: remove())
         return process
 
@@ -321,8 +332,14 @@ class E2BHandle:
         out, err = TextChannel(), TextChannel()
         try:
             sdk_handle = await self.sdk.commands.run(
-                line, background=True, envs=dict(env), cwd=cwd, stdin=stdin, timeout=0,
-                on_stdout=out.feed, on_stderr=err.feed,
+                line,
+                background=True,
+                envs=dict(env),
+                cwd=cwd,
+                stdin=stdin,
+                timeout=0,
+                on_stdout=out.feed,
+                on_stderr=err.feed,
             )
         except (e2b.SandboxNotRunningException, e2b.SandboxNotFoundException) as exc:
             raise SandboxNotFoundError(NAME, self.id, "is gone (killed or expired)") from exc

@@ -69,8 +69,13 @@ def e2b_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> An
     fake = e2b_fake()
     extra.setdefault("api_key", fake.api_key)
     return e2b_sandbox(
-        api_url=fake.api_url, sandbox_url=fake.envd_url, http_version="1.1",
-        lifetime=600, logger=logger or RecordingLogger(), metadata={"boxwright.test": "1"}, **extra,
+        api_url=fake.api_url,
+        sandbox_url=fake.envd_url,
+        http_version="1.1",
+        lifetime=600,
+        logger=logger or RecordingLogger(),
+        metadata={"boxwright.test": "1"},
+        **extra,
     )
 
 
@@ -114,8 +119,12 @@ def _config(entry: CloudEntry, build: Build, unsupported: str | None, label: str
             return getattr(provider(), attr)
 
     return ProviderSuiteConfig(
-        name=label, create_handle=create, provider=_Lazy() if unsupported is None else None,  # type: ignore[arg-type]
-        logger=logger, unsupported=unsupported, port=entry.port,
+        name=label,
+        create_handle=create,
+        provider=_Lazy() if unsupported is None else None,  # type: ignore[arg-type]
+        logger=logger,
+        unsupported=unsupported,
+        port=entry.port,
     )
 
 

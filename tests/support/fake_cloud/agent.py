@@ -11,7 +11,7 @@ Starting a process costs a fork here instead of a ``docker exec`` round trip: th
 conformance suites run hundreds of commands per provider.
 """
 
-SOURCE = r'''
+SOURCE = r"""
 import base64, json, os, pwd, subprocess, sys, threading
 out_lock = threading.Lock()
 procs = {}
@@ -81,4 +81,4 @@ for line in sys.stdin.buffer:
         except OSError:
             ok = False
         send({"ev": "ack", "ref": msg["ref"], "ok": ok})
-'''
+"""

@@ -89,7 +89,9 @@ class Process:
     def close_stdin(self) -> None:
         if self.stdin_open:
             self.stdin_open = False
-            asyncio.ensure_future(self.machine.ask({"op": "close", "id": self.ident}, check=False))
+            task = asyncio.ensure_future(self.machine.ask({"op": "close", "id": self.ident}, check=False))
+            self.machine.pending.add(task)
+            task.add_done_callback(self.machine.pending.discard)
 
     async def signal(self, signo: int) -> bool:
         """Signal the process itself (its pid, not its group): what the vendors' agents do."""
@@ -118,13 +120,20 @@ class Machine:
     _by_ident: dict[int, Process] = field(default_factory=dict)
     _acks: dict[int, asyncio.Future[bool]] = field(default_factory=dict)
     _next: int = 0
+    pending: set[asyncio.Future[bool]] = field(default_factory=set)
 
     async def boot(self) -> None:
         """Start the agent (one long exec) and read its events."""
         api = self.cloud
         created = await api.call(
-            api.api.exec_create, self.container, ["python3", "-c", AGENT], stdin=True, stdout=True, stderr=True,
-            tty=False, user="0:0",
+            api.api.exec_create,
+            self.container,
+            ["python3", "-c", AGENT],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            user="0:0",
         )
         self._agent = await api.call(api.api.exec_start, created["Id"], socket=True)
         self._sock = self._agent._sock
@@ -218,8 +227,14 @@ class Machine:
         return ok
 
     async def start(
-        self, argv: Sequence[str], *, user: str | None = None, env: Mapping[str, str] | None = None,
-        cwd: str | None = None, stdin: bool = False, record: bool = True,
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bool = False,
+        record: bool = True,
     ) -> Process:
         who = user or self.user
         if record:
@@ -228,8 +243,13 @@ class Machine:
         process = Process(self, self._next, stdin)
         self._by_ident[process.ident] = process
         message = {
-            "op": "start", "id": process.ident, "argv": list(argv), "user": who, "cwd": cwd or "",
-            "env": {**self.env, **(env or {})}, "stdin": stdin,
+            "op": "start",
+            "id": process.ident,
+            "argv": list(argv),
+            "user": who,
+            "cwd": cwd or "",
+            "env": {**self.env, **(env or {})},
+            "stdin": stdin,
         }
         try:
             await self._send(message)
@@ -240,8 +260,14 @@ class Machine:
         return process
 
     async def run(
-        self, argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None, record: bool = True,
-        env: Mapping[str, str] | None = None, cwd: str | None = None,
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        record: bool = True,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
     ) -> tuple[int, bytes, bytes]:
         process = await self.start(argv, user=user, stdin=stdin is not None, record=record, env=env, cwd=cwd)
         if stdin is not None:
@@ -286,7 +312,11 @@ class FakeCloud:
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
 
     async def create(
-        self, *, image: str | None = None, env: Mapping[str, str] | None = None, network: bool = True,
+        self,
+        *,
+        image: str | None = None,
+        env: Mapping[str, str] | None = None,
+        network: bool = True,
         sandbox_id: str | None = None,
     ) -> Machine:
         """A running machine: a warm one of the template when there is one (as vendors boot from pools)."""
@@ -314,12 +344,20 @@ class FakeCloud:
 
     async def _make(self, image: str, network: bool) -> Machine:
         host_config = self.api.create_host_config(
-            init=True, network_mode="none" if not network else None, pids_limit=512, mem_limit="1g",
+            init=True,
+            network_mode="none" if not network else None,
+            pids_limit=512,
+            mem_limit="1g",
             extra_hosts={"host.docker.internal": "host-gateway"} if network else None,
         )
         created = await self.call(
-            self.api.create_container, image, command=["sleep", "infinity"], user="0:0",
-            labels={FAKE_LABEL: "1"}, host_config=host_config, tty=False,
+            self.api.create_container,
+            image,
+            command=["sleep", "infinity"],
+            user="0:0",
+            labels={FAKE_LABEL: "1"},
+            host_config=host_config,
+            tty=False,
         )
         cid = str(created["Id"])
         machine = Machine(self, uuid.uuid4().hex[:20], cid, self.user, self.home, {}, image, network)

@@ -184,8 +184,13 @@ class FakeE2B:
             raise LookupError(template)
         machine = await self.cloud.create(image=image, env=env, network=network)
         box = Box(
-            machine, template, metadata, secrets.token_hex(8), None if public else secrets.token_hex(8),
-            timeout, time.time() + timeout,
+            machine,
+            template,
+            metadata,
+            secrets.token_hex(8),
+            None if public else secrets.token_hex(8),
+            timeout,
+            time.time() + timeout,
         )
         self.boxes[machine.id] = box
         return machine.id, box
@@ -240,7 +245,8 @@ class FakeE2B:
         wanted = dict(urllib.parse.parse_qsl(request.query_params.get("metadata", "")))
         wanted = {urllib.parse.unquote(k): urllib.parse.unquote(v) for k, v in wanted.items()}
         rows = [
-            (sid, box) for sid, box in sorted(self.boxes.items())
+            (sid, box)
+            for sid, box in sorted(self.boxes.items())
             if all(box.metadata.get(k) == v for k, v in wanted.items())
         ]
         start = int(request.query_params.get("nextToken") or 0)
@@ -249,11 +255,17 @@ class FakeE2B:
         headers = {"x-next-token": str(start + limit)} if start + limit < len(rows) else {}
         body = [
             {
-                "templateID": box.template, "sandboxID": sid, "clientID": "fake",
+                "templateID": box.template,
+                "sandboxID": sid,
+                "clientID": "fake",
                 "startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(box.started_at)),
                 "endAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(box.end_at)),
-                "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "state": "running",
-                "envdVersion": ENVD_VERSION, "metadata": box.metadata,
+                "cpuCount": 2,
+                "memoryMB": 512,
+                "diskSizeMB": 1024,
+                "state": "running",
+                "envdVersion": ENVD_VERSION,
+                "metadata": box.metadata,
             }
             for sid, box in page
         ]
@@ -281,8 +293,12 @@ class FakeE2B:
         self.snapshots[snapshot_id] = image
         body = await request.json()
         sandbox_id, box = await self._new_box(
-            snapshot_id, dict(parent.machine.env), dict(parent.metadata), parent.machine.network,
-            parent.traffic_token is None, int(body.get("timeout") or parent.timeout),
+            snapshot_id,
+            dict(parent.machine.env),
+            dict(parent.metadata),
+            parent.machine.network,
+            parent.traffic_token is None,
+            int(body.get("timeout") or parent.timeout),
         )
         return JSONResponse([{"sandbox": self._sandbox_json(sandbox_id, box)}], status_code=201)
 
@@ -341,7 +357,9 @@ class FakeE2B:
         for raw_path, data in uploads:
             path = self._path(box, user, raw_path)
             script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-            code, _, err = await box.machine.run(["sh", "-c", script, "envd", path], user=user, stdin=data, record=False)
+            code, _, err = await box.machine.run(
+                ["sh", "-c", script, "envd", path], user=user, stdin=data, record=False
+            )
             if code != 0:
                 return _error(500 if b"ermission" not in err else 403, err.decode(errors="replace"))
             written.append({"name": path.rsplit("/", 1)[-1], "type": "file", "path": path})
@@ -404,7 +422,10 @@ class _Process:
         cwd = config.cwd if config.has_field("cwd") else None
         try:
             process = await box.machine.start(
-                [config.cmd, *config.args], user=_user_of(ctx), env=dict(config.envs), cwd=cwd,
+                [config.cmd, *config.args],
+                user=_user_of(ctx),
+                env=dict(config.envs),
+                cwd=cwd,
                 stdin=bool(request.stdin),
             )
         except OSError as exc:
