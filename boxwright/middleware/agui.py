@@ -18,9 +18,10 @@ id, so a client's verifier sees every content event inside its START/END and a r
 Frontend tools (``RunAgentInput.tools``) are offered to the agent through the bridge, beside the
 app's own; as AG-UI specifies, the run ends right after the agent calls one (RUN_FINISHED, outcome
 success with that call pending: ``hand_off``), and the client's next input, carrying the tool
-result, starts the next run. Approval requests are not AG-UI interrupts yet: they are the CUSTOM
-``approval-requested`` events of ``boxwright.middleware.approvals``, answered on
-``POST /runs/{id}/approval``.
+result, starts the next run. An approval request (``boxwright.middleware.approvals``: the agent
+waits on the service's desk) is an AG-UI interrupt (``Interrupts``): the answer ends with RUN_FINISHED,
+outcome ``interrupt``; the client's next input answers it in ``resume``, and that input's answer is
+the same run going on, under the new run id (``POST /runs/{id}/approval`` answers it too).
 
 Bad input is a clear 4xx before any run starts: a body that is not JSON (``415`` for another
 content type, ``413`` over 2 MiB, ``400`` naming the field for a malformed input or an unknown
@@ -32,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import msgspec
@@ -52,13 +55,16 @@ from boxwright.errors import (
 )
 from boxwright.events import (
     AudioPart,
+    CustomEvent,
     DocumentPart,
     Event,
     ImagePart,
+    Interrupt,
     ReasoningMessageStartEvent,
     ReasoningStartEvent,
     RunErrorEvent,
     RunFinishedEvent,
+    RunFinishedInterruptOutcome,
     RunFinishedSuccessOutcome,
     RunStartedEvent,
     StepStartedEvent,
@@ -72,6 +78,7 @@ from boxwright.events import (
 )
 from boxwright.harnesses.base import Message
 from boxwright.ids import check_client_run_id, check_thread_id
+from boxwright.policy import APPROVAL_REQUESTED_EVENT
 from boxwright.runs import (
     NOW_OFFSET,
     RUN_CANCEL_REASON,
@@ -153,6 +160,14 @@ class InputContext(_Input):
     value: str
 
 
+class ResumeEntry(_Input):
+    """An answer to one interrupt of the previous run (AG-UI 1.0 human in the loop)."""
+
+    interrupt_id: ShortStr
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+
+
 class RunAgentInput(_Input):
     """The body of ``POST /agui``: AG-UI's RunAgentInput."""
 
@@ -164,6 +179,7 @@ class RunAgentInput(_Input):
     tools: Annotated[list[InputTool], msgspec.Meta(max_length=MAX_TOOLS)] = msgspec.field(default_factory=list)
     context: Annotated[list[InputContext], msgspec.Meta(max_length=MAX_CONTEXT)] = msgspec.field(default_factory=list)
     forwarded_props: Any = None
+    resume: Annotated[list[ResumeEntry], msgspec.Meta(max_length=MAX_TOOLS)] | None = None
 
 
 # Bounded in depth and size: ``state`` and ``forwardedProps`` are any JSON a client sends.
@@ -389,23 +405,108 @@ async def _stored_until(events: EventLog, run_id: str, offset: str) -> list[Even
     return stored
 
 
-async def agui_stream(events: EventLog, run_id: str, offset: str) -> AsyncIterator[bytes]:
+@dataclass
+class Interrupts:
+    """Approval requests as AG-UI interrupts, for the runs this process drives.
+
+    A run whose agent asks a person (``boxwright.middleware.approvals``: a CUSTOM
+    ``approval-requested`` event, then the agent waits on the service's desk) is, to an AG-UI
+    client, a run that finished with an interrupt: its answer stops there with RUN_FINISHED
+    (outcome ``interrupt``). The client's next RunAgentInput answers it in ``resume``; that answers
+    the desk, and the new run id's answer is the same run's log from that point on (its agent never
+    stopped), under the new id. Like the desk, this is in-process: the answer must reach the
+    process that drives the run.
+    """
+
+    desk: Any  # the service's ApprovalDesk
+    # Interrupt id -> (the run, the offset of its approval-requested event), while it is unanswered.
+    paused: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # A continuation's run id -> (the run it continues, the offset it starts after); the oldest go first.
+    continued: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
+
+    def interrupt(self, run_id: str, at: str, event: Event, seen: Sequence[Event]) -> Interrupt | None:
+        """The interrupt ``event`` raises in ``run_id``'s answer, if it asks a question still waited on."""
+        if not isinstance(event, CustomEvent) or event.name != APPROVAL_REQUESTED_EVENT:
+            return None
+        value = event.value if isinstance(event.value, dict) else {}
+        approval = value.get("approvalId")
+        if not isinstance(approval, str) or approval not in self.desk.pending(run_id):
+            return None
+        if any(not isinstance(e, RunStartedEvent) for e in reopening(seen)):
+            return None  # a message or a call is open: RUN_FINISHED cannot come here; the stream goes on
+        self.paused[approval] = (run_id, at)
+        title = value.get("title")
+        return Interrupt(
+            id=approval,
+            reason="approval",
+            message=title if isinstance(title, str) else None,
+            response_schema=APPROVAL_RESPONSE_SCHEMA,
+        )
+
+    def continue_as(self, continuation: str, run_id: str, at: str) -> None:
+        self.continued[continuation] = (run_id, at)
+        while len(self.continued) > MAX_CONTINUATIONS:
+            self.continued.popitem(last=False)
+
+
+APPROVAL_RESPONSE_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"decision": {"type": "string", "enum": ["allow", "deny"]}},
+    "required": ["decision"],
+}
+MAX_CONTINUATIONS: Final = 1024
+
+
+def _allows(entry: ResumeEntry) -> bool:
+    payload = entry.payload
+    if entry.status != "resolved":
+        return False
+    if payload is True:
+        return True
+    return isinstance(payload, dict) and (payload.get("decision") == "allow" or payload.get("approved") is True)
+
+
+def _as_run(event: Event, run_id: str) -> Event:
+    if isinstance(event, (RunStartedEvent, RunFinishedEvent, RunErrorEvent)) and event.run_id not in (None, run_id):
+        return msgspec.structs.replace(event, run_id=run_id)
+    return event
+
+
+async def agui_stream(
+    events: EventLog, run_id: str, offset: str, *, interrupts: Interrupts | None = None, as_run: str | None = None
+) -> AsyncIterator[bytes]:
     """The run's log from ``offset`` as AG-UI SSE frames, re-opened first when it resumes mid-run.
 
     Ends once the log is closed and read; no frame follows the run's terminal event (the
     ``event: status`` frame of the tail route would be read as an event by AG-UI clients).
+    With ``interrupts``, a question the agent waits on ends the answer with an interrupt;
+    ``as_run`` names the run as the client knows it (a continuation after an interrupt).
     """
     controller = AbortController()
+    view = as_run or run_id
     try:
         if offset == NOW_OFFSET:
             offset = await events.tail(run_id)  # concrete, so the re-opening and the read agree on it
+        seen: list[Event] = []
         if offset != START_OFFSET:
-            for event in reopening(await _stored_until(events, run_id, offset)):
-                yield _frame(offset, event)
+            seen = await _stored_until(events, run_id, offset)
+            for event in reopening(seen):
+                yield _frame(offset, _as_run(event, view))
         reader = events.read(run_id, offset, signal=controller.signal)
         async with contextlib.aclosing(reader):  # type: ignore[type-var]
             async for at, event in reader:
-                yield _frame(at, event)
+                yield _frame(at, _as_run(event, view))
+                if interrupts is None:
+                    continue
+                seen.append(event)
+                asked = interrupts.interrupt(run_id, at, event, seen)
+                if asked is not None:
+                    started = next((e for e in seen if isinstance(e, RunStartedEvent)), None)
+                    outcome = RunFinishedInterruptOutcome(interrupts=[asked])
+                    thread = started.thread_id if started is not None else ""
+                    paused = RunFinishedEvent(thread_id=thread, run_id=view, outcome=outcome, timestamp=now_ms())
+                    yield _frame(at, paused)
+                    return
     except Exception as exc:
         # Headers are gone: end the stream; the client resumes from the last id it got.
         log.error("run %r: AG-UI stream failed: %s", run_id, redact(f"{type(exc).__name__}: {exc}"))
@@ -413,19 +514,24 @@ async def agui_stream(events: EventLog, run_id: str, offset: str) -> AsyncIterat
         controller.abort("the AG-UI client went away")
 
 
-def _resume_offset(request: Request) -> str:
-    return request.headers.get("last-event-id") or request.query_params.get("offset") or START_OFFSET
-
-
-async def agui_response(service: Any, run_id: str, request: Request) -> Response:
-    """The SSE answer for ``run_id`` from the request's ``Last-Event-ID`` (else ``?offset=``, else the start)."""
-    offset = _resume_offset(request)
+async def agui_response(
+    service: Any,
+    run_id: str,
+    request: Request,
+    *,
+    interrupts: Interrupts | None = None,
+    as_run: str | None = None,
+    after: str | None = None,
+) -> Response:
+    """The SSE answer for ``run_id`` from the request's ``Last-Event-ID`` (else ``?offset=``, else ``after``,
+    else the start)."""
+    offset = request.headers.get("last-event-id") or request.query_params.get("offset") or after or START_OFFSET
     try:
         await check_tail_request(service.log, service.runs, run_id, offset)
     except DeliveryRefusal as refusal:
         return refusal.response()
     return EventSourceResponse(
-        agui_stream(service.log, run_id, offset),
+        agui_stream(service.log, run_id, offset, interrupts=interrupts, as_run=as_run),
         headers={"Cache-Control": "no-cache"},
         ping=PING_INTERVAL_S,
         sep="\n",
@@ -472,6 +578,43 @@ def agui_routes(service: Any, *, spec_for: Any, bounded_body: Any) -> list[BaseR
     """
     from .service import ServiceClosedError, StartRunRequest
 
+    interrupts = Interrupts(service.approvals) if getattr(service, "approvals", None) is not None else None
+
+    async def resume(body: RunAgentInput, request: Request) -> Response:
+        """Answer the interrupts ``body.resume`` names; the answer is the paused run's log from there on."""
+        assert body.resume is not None
+        if interrupts is None:
+            raise InputRefusal(
+                409, "this service has no approval desk: there is no interrupt to resume", "no_interrupt"
+            )
+        continued: tuple[str, str] | None = None
+        for index, entry in enumerate(body.resume):
+            paused = interrupts.paused.get(entry.interrupt_id)
+            if paused is None:
+                raise InputRefusal(
+                    409,
+                    f"resume[{index}]: no run here waits on interrupt {entry.interrupt_id!r} (answered already, "
+                    "timed out, or driven by another process)",
+                    "no_interrupt",
+                )
+            run_id, at = paused
+            record = await service.runs.get(run_id)
+            if record is None or record.thread_id != body.thread_id:
+                owner = record.thread_id if record is not None else ""
+                raise RunThreadMismatchError(run_id, body.thread_id, owner)
+            if not service.approvals.answer(run_id, entry.interrupt_id, _allows(entry)):
+                raise InputRefusal(
+                    409, f"resume[{index}]: interrupt {entry.interrupt_id!r} was answered already", "no_interrupt"
+                )
+            del interrupts.paused[entry.interrupt_id]
+            continued = continued or (run_id, at)
+        if continued is None:
+            raise InputRefusal(400, "resume is empty: name the interrupts this input answers", "invalid_body")
+        interrupts.continue_as(body.run_id, *continued)
+        return await agui_response(
+            service, continued[0], request, interrupts=interrupts, as_run=body.run_id, after=continued[1]
+        )
+
     async def start(request: Request) -> Response:
         if service.factory is None:
             return json_response(501, {"error": "this service was given no run factory", "code": "no_factory"})
@@ -489,13 +632,21 @@ def agui_routes(service: Any, *, spec_for: Any, bounded_body: Any) -> list[BaseR
             return json_response(413, {"error": "body over 2 MiB", "code": "too_large"})
         try:
             body = decode_run_agent_input(raw)
+            if interrupts is not None and body.run_id in interrupts.continued:
+                # A continuation's client reconnecting: the run it continues, from where it left.
+                run_id, at = interrupts.continued[body.run_id]
+                return await agui_response(
+                    service, run_id, request, interrupts=interrupts, as_run=body.run_id, after=at
+                )
+            if body.resume:
+                return await resume(body, request)
             existing = await service.runs.get(body.run_id)
             if existing is not None:
                 if existing.thread_id != body.thread_id:
                     raise RunThreadMismatchError(body.run_id, body.thread_id, existing.thread_id)
                 # The same input again (a client reconnecting): the run it names, nothing new started.
                 await service._before_tail(body.run_id)
-                return await agui_response(service, body.run_id, request)
+                return await agui_response(service, body.run_id, request, interrupts=interrupts)
             messages = conversation(body)
             prompt = messages[-1].content
             spec = await spec_for(service, StartRunRequest(prompt=prompt, thread_id=body.thread_id, run_id=body.run_id))
@@ -539,7 +690,7 @@ def agui_routes(service: Any, *, spec_for: Any, bounded_body: Any) -> list[BaseR
         except Exception as exc:
             log.error("could not start an AG-UI run: %s", redact(f"{type(exc).__name__}: {exc}"))
             return json_response(500, {"error": "could not start the run", "code": "start_failed"})
-        return await agui_response(service, run_id, request)
+        return await agui_response(service, run_id, request, interrupts=interrupts)
 
     async def join(request: Request) -> Response:
         run_id = request.query_params.get("runId")

@@ -4,8 +4,9 @@
 
 ``SandboxService`` + ``sandbox_routes`` under uvicorn over one SQLite file (runs, logs, locks, so a
 second process takes a run over), the real ``claude`` in a local-process sandbox (the model endpoint
-comes from the environment, as in a deployed app), and one host tool, ``get_todos``, which the agent
-reaches through the MCP bridge. Prints ``listening <port>`` once it serves on 127.0.0.1.
+comes from the environment, as in a deployed app), and two host tools the agent reaches through the MCP
+bridge: ``get_todos`` and ``ask_person`` (the service's approval desk; the policy asks about ``rm *``).
+Prints ``listening <port>`` once it serves on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from starlette.applications import Starlette
 from boxwright.definition import define_sandbox
 from boxwright.harnesses.claude_code import claude_code
 from boxwright.middleware import RunSpec, SandboxService, StartRunRequest, sandbox_routes
+from boxwright.middleware.approvals import ask_person_tool
+from boxwright.policy import define_sandbox_policy
 from boxwright.providers import local_process_sandbox
 from boxwright.stores.base import DEFAULT_LEASE_TTL_MS
 from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
@@ -25,6 +28,8 @@ from boxwright.tool_bridge import tool
 from boxwright.tool_bridge.asgi import serve_asgi
 
 TODOS = ("write the spec", "ship it")
+# What the agent must ask a person about first (through the ask_person host tool).
+POLICY = define_sandbox_policy(ask=["rm *"])
 
 
 @tool(read_only=True)
@@ -46,7 +51,7 @@ async def main() -> None:
     harness = claude_code("claude-sonnet-4-5", executable=args.claude, env={"HOME": args.home})
 
     def factory(_request: StartRunRequest) -> RunSpec:
-        return RunSpec(sandbox=sandbox, harness=harness, tools=[get_todos])
+        return RunSpec(sandbox=sandbox, harness=harness, tools=[get_todos, ask_person_tool(service.approvals, POLICY)])
 
     service = SandboxService(
         runs,

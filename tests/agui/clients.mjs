@@ -156,24 +156,31 @@ async function tanstack() {
   return result;
 }
 
-// A frontend tool: the agent calls it, the run ends with that call pending, the client answers it in its next input.
-async function frontend() {
+// Turns of one conversation: a frontend tool the agent calls is answered in the next input (its result
+// message), an interrupt (an approval the agent waits on) in the next input's `resume`.
+async function turns() {
   const agent = new HttpAgent({
     url: `${args.url}/agui`,
     threadId: args.threadId,
     initialMessages: [{ id: "u-1", role: "user", content: args.prompt }],
   });
   const runs = [];
+  let resume;
   for (const [index, runId] of args.runIds.entries()) {
     const events = [];
     let error = null;
     let finished = null;
     try {
       await agent.runAgent(
-        { runId, tools: args.tools },
+        { runId, tools: args.tools ?? [], ...(resume ? { resume } : {}) },
         {
           onEvent: ({ event }) => void events.push(event),
-          onRunFinishedEvent: (params) => void (finished = { outcome: params.outcome, pending: params.pendingToolCallIds ?? [] }),
+          onRunFinishedEvent: (params) =>
+            void (finished = {
+              outcome: params.outcome,
+              pending: params.pendingToolCallIds ?? [],
+              ...(params.interrupts ? { interrupts: params.interrupts } : {}),
+            }),
         },
       );
     } catch (caught) {
@@ -181,6 +188,9 @@ async function frontend() {
     }
     runs.push({ runId, error, events, finished, messages: structuredClone(agent.messages) });
     if (index + 1 < args.runIds.length) {
+      resume = finished?.outcome === "interrupt"
+        ? finished.interrupts.map((i) => ({ interruptId: i.id, status: "resolved", payload: args.payload }))
+        : undefined;
       for (const id of finished?.pending ?? []) {
         agent.addMessage({ id: `tool-${id}`, role: "tool", toolCallId: id, content: args.answer });
       }
@@ -204,7 +214,7 @@ async function verify() {
   return out;
 }
 
-const scenarios = { httpagent, tanstack, frontend, verify };
+const scenarios = { httpagent, tanstack, turns, verify };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios).join(", ")}`);

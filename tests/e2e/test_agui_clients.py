@@ -60,6 +60,10 @@ SCRIPTS: dict[str, list[Step]] = {
         Text("never said: the client has the turn"),
     ],
     "frontend-answered": [Text("It is 21 degrees in Paris.")],
+    "approval": [
+        ToolCall("mcp__boxwright__ask_person", {"kind": "command", "target": "rm -rf build", "reason": "clean up"}),
+        Text("The person allowed it, so I cleaned up."),
+    ],
     "handover": [Text(f"Taking over {PAUSE} mid message, then the rest of the answer arrives from the successor.")],
 }
 
@@ -470,7 +474,7 @@ def test_a_frontend_tool_is_called_by_the_agent_and_answered_by_the_client(
         "answer": "[[script:frontend-answered]] 21 degrees and sunny",
     }
     with contextlib.nullcontext(shared) as a:
-        result = result_of(node(project, "frontend", {**args, "url": a.url}))
+        result = result_of(node(project, "turns", {**args, "url": a.url}))
         first_log, second_log = stored(db, run_id), stored(db, f"{run_id}-2")
         requests = model.model_requests()
         logs = a.logs()
@@ -492,3 +496,43 @@ def test_a_frontend_tool_is_called_by_the_agent_and_answered_by_the_client(
     assert "It is 21 degrees in Paris." in said, said
     assert (record_row(db, f"{run_id}-2") or {}).get("status") == "completed"
     assert not any("never said" in getattr(e, "delta", "") for _, e in first_log)
+
+
+def test_an_approval_request_is_an_ag_ui_interrupt_and_the_clients_resume_answers_it(
+    stack: tuple[Path, PausingModel, str], shared: AppProcess
+) -> None:
+    """The agent asks a person (the ask_person host tool, the policy says ask): the client's run finishes
+    with an interrupt; its next input's resume answers it, and that run is the same agent going on."""
+    project, _model, _claude = stack
+    thread_id, run_id = _ids("approval")
+    args = {
+        "url": shared.url,
+        "threadId": thread_id,
+        "runIds": [run_id, f"{run_id}-resumed"],
+        "prompt": "[[script:approval]] clean up the build",
+        "payload": {"decision": "allow"},
+    }
+    result = result_of(node(project, "turns", args))
+    log = stored(shared.db, run_id)
+    first, second = result["runs"]
+    assert first["error"] is None and second["error"] is None, (first, second, shared.logs())
+    assert first["finished"]["outcome"] == "interrupt", first["finished"]
+    (asked,) = first["finished"]["interrupts"]
+    requested = next(e for _, e in log if isinstance(e, ev.CustomEvent) and e.name == "approval-requested")
+    assert isinstance(requested.value, dict) and asked["id"] == requested.value["approvalId"]
+    assert asked["reason"] == "approval" and "rm -rf build" in asked["message"]
+    # The first answer stops at the question; the second is the same run's log from there, under its own id.
+    types = [e["type"] for e in first["events"]]
+    assert types[-2:] == ["CUSTOM", "RUN_FINISHED"], types
+    resumed = [e["type"] for e in second["events"]]
+    assert resumed[0] == "RUN_STARTED" and second["events"][0]["runId"] == f"{run_id}-resumed"
+    assert resumed[-1] == "RUN_FINISHED" and second["events"][-1]["runId"] == f"{run_id}-resumed"
+    stored_types = [e.type for _, e in log]
+    assert types[:-1] + resumed[1:] == stored_types, "the two answers split the one run's log"
+    resolved = next(e for _, e in log if isinstance(e, ev.CustomEvent) and e.name == "approval-resolved")
+    assert (
+        isinstance(resolved.value, dict) and resolved.value["decision"] == "allow" and resolved.value["by"] == "person"
+    )
+    said = "".join(rebuilt(second["messages"])["texts"].values())
+    assert "The person allowed it" in said, said
+    assert (record_row(shared.db, run_id) or {}).get("status") == "completed"

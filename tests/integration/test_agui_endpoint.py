@@ -162,6 +162,8 @@ def test_bad_input_is_a_clear_4xx_and_starts_nothing(tmp_path: Path) -> None:
             )
             huge = _input("t-8", "r-8", "x" * (3 * 1024 * 1024))
             await case("over 2 MiB", await _post(stack, huge), 413, "too_large", "2 MiB")
+            resume = {**_input("t-9", "r-9"), "resume": [{"interruptId": "nobody-asks", "status": "resolved"}]}
+            await case("resume of no interrupt", await _post(stack, resume), 409, "no_interrupt", "nobody-asks")
             await case("GET without runId", await stack.client.get("/agui"), 400, "no_run_id", "runId")
             await case(
                 "GET unknown run",
@@ -175,7 +177,7 @@ def test_bad_input_is_a_clear_4xx_and_starts_nothing(tmp_path: Path) -> None:
                 body = response.json()
                 assert body["code"] == code and says in body["error"], (name, body)
             assert (await _post(stack, _input("t-thief", "r-owned"))).json()["ownerThreadId"] == "t-owner"
-            for run_id in ("r-x", "r-2", "r-3", "r-4", "r-5", "r-6", "r-7", "r-8"):
+            for run_id in ("r-x", "r-2", "r-3", "r-4", "r-5", "r-6", "r-7", "r-8", "r-9"):
                 assert await stack.service.runs.get(run_id) is None, f"{run_id}: a refused input started a run"
 
     asyncio.run(main())
