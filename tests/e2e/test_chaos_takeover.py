@@ -321,7 +321,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory, claude: str) -> Iterator[
             events = [m.event for m in messages[:-1]]
             names = [getattr(e, "name", None) for e in events if e.type == "CUSTOM"]
             assert names == ["run.accepted", "claude-code.session-id", *["sandbox.file"] * STEPS], names
-            assert events[1].type == "RUN_STARTED" and events[-1].type == "RUN_FINISHED"
+            # AG-UI order (issue 18): RUN_STARTED first, then the run.accepted announcement.
+            assert events[0].type == "RUN_STARTED" and events[1].type == "CUSTOM" and events[-1].type == "RUN_FINISHED"
             reference = project(events, run_id, f"t-{run_id}", str(tmp / "sandboxes"))
             chaos = Chaos(tmp, claude, model, finisher, reference)
             results: dict[str, BaseException | None] = {}
