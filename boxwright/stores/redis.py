@@ -14,7 +14,9 @@ Runs and event logs (``redis_run_backend(db)``)
     closed flag and adds a marker entry ``<last seq>-1``, which wakes every blocked reader.
     A reader that caught up waits on one ``XREAD BLOCK`` per run and process (``_RunWatch``),
     however many readers that process has: an append from any connection wakes it at once,
-    with no polling.
+    with no polling, and is read from Redis once for all of them (they take it from the watch's
+    buffer of recent entries). Commands share at most ``COMMAND_CONNECTIONS`` connections; the
+    watches have their own pool, one connection per run tailed.
 
 Locks
     ``SET key token NX PX ttl``; each acquisition also takes the next fencing token of the key
@@ -35,6 +37,7 @@ Failures
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
@@ -69,10 +72,10 @@ from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, InstanceRecord, Lease, L
 
 try:
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
-    from redis.retry import Retry
 except ImportError as exc:  # pragma: no cover - only without the extra
     raise ImportError("the Redis stores need redis-py: pip install 'boxwright[redis]'") from exc
 
@@ -87,6 +90,11 @@ SOCKET_TIMEOUT_S: Final = 30.0
 # How long one XREAD BLOCK waits before its watcher looks whether anyone still waits.
 WATCH_BLOCK_MS: Final = 1_000
 READ_PAGE: Final = 1024
+# How many of a run's latest entries its watch keeps for this process's live readers.
+WATCH_BUFFER: Final = 4096
+# Commands share this many connections (a thousand tailers catching up at once queue for them);
+# each run's blocking watch has its own, from a second pool.
+COMMAND_CONNECTIONS: Final = 64
 POLL_START_S: Final = 0.010
 POLL_CAP_S: Final = 0.200
 
@@ -129,24 +137,43 @@ class RedisDatabase:
         self._client_url = urlunsplit(parts._replace(query=urlencode([(n, v) for n, v in query if n != "prefix"])))
         self.url = _redacted(url)
         self._client: aioredis.Redis | None = None
+        self._blocking: aioredis.Redis | None = None
         self._closed = False
         self._scripts: dict[str, Any] = {}
         self.watches: dict[str, _RunWatch] = {}
 
+    def _connect(self, pool_class: type[aioredis.ConnectionPool], **options: Any) -> aioredis.Redis:
+        # Never retried: a retried append or create could land twice (see the module doc).
+        retry = Retry(NoBackoff(), 0)
+        pool = pool_class.from_url(
+            self._client_url,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            retry=retry,
+            health_check_interval=0,
+            **options,
+        )
+        return aioredis.Redis(connection_pool=pool, retry=retry)
+
     @property
     def client(self) -> aioredis.Redis:
+        """For commands: at most ``COMMAND_CONNECTIONS`` connections; a caller beyond them waits for one."""
         if self._closed:
             raise StoreClosedError(self.url)
         if self._client is None:
-            self._client = aioredis.from_url(
-                self._client_url,
-                socket_connect_timeout=CONNECT_TIMEOUT_S,
-                socket_timeout=SOCKET_TIMEOUT_S,
-                # Never retried: a retried append or create could land twice (see the module doc).
-                retry=Retry(NoBackoff(), 0),
-                health_check_interval=0,
+            self._client = self._connect(
+                aioredis.BlockingConnectionPool, max_connections=COMMAND_CONNECTIONS, timeout=SOCKET_TIMEOUT_S
             )
         return self._client
+
+    @property
+    def blocking_client(self) -> aioredis.Redis:
+        """For the runs' ``XREAD BLOCK`` watches: one connection each, so they never starve commands."""
+        if self._closed:
+            raise StoreClosedError(self.url)
+        if self._blocking is None:
+            self._blocking = self._connect(aioredis.ConnectionPool)
+        return self._blocking
 
     def key(self, kind: str, name: str = "") -> str:
         return f"{self.prefix}{kind}:{name}"
@@ -170,9 +197,10 @@ class RedisDatabase:
         watches, self.watches = list(self.watches.values()), {}
         for watch in watches:
             await watch.stop()
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        clients, self._client, self._blocking = (self._client, self._blocking), None, None
+        for client in clients:
+            if client is not None:
+                await client.aclose(close_connection_pool=True)
 
     @property
     def closed(self) -> bool:
@@ -607,11 +635,14 @@ def _entry_seq(entry_id: bytes) -> tuple[int, bool]:
 
 
 class _RunWatch:
-    """Wakes this process's readers of one run: one ``XREAD BLOCK`` loop while anyone waits.
+    """This process's view of one run's stream while anyone here tails it: one ``XREAD BLOCK`` loop.
 
-    Readers take ``generation()`` BEFORE they query, so an entry that lands between their query
-    and their wait still wakes them: the loop reads from where the readers' queries ended and
-    sets the generation on every entry (an append, or the close marker) it sees.
+    The loop reads every new entry once, keeps the last ``WATCH_BUFFER`` of them, and wakes the
+    readers, who take what they have not seen from that buffer: an append costs one read however
+    many readers this process has (a thousand SSE tailers of one run are one connection, not a
+    thousand queries). A reader the buffer cannot serve (behind it, or ahead of the loop) reads
+    the stream itself. Readers take ``generation()`` BEFORE they look, so an entry that lands
+    between their look and their wait still wakes them.
     """
 
     def __init__(self, db: RedisDatabase, key: str) -> None:
@@ -619,8 +650,10 @@ class _RunWatch:
         self._key = key
         self._changed: asyncio.Event | None = None
         self._waiters = 0
-        self._cursor = "0-0"
         self._task: asyncio.Task[None] | None = None
+        self._seen = 0  # the loop has read every entry up to this seq
+        self._recent: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=WATCH_BUFFER)
+        self._closed_at: int | None = None  # the seq the close marker follows, once the loop read it
 
     def generation(self) -> asyncio.Event:
         if self._changed is None:
@@ -632,10 +665,21 @@ class _RunWatch:
             self._changed.set()
             self._changed = None
 
-    async def wait(self, after: str, changed: asyncio.Event, signal: AbortSignal | None) -> bool:
+    def after(self, position: int) -> tuple[bool, list[tuple[int, bytes]]] | None:
+        """``(closed, entries after position)`` as the running loop has read them, or ``None`` if it cannot say."""
+        if self._task is None or position > self._seen:
+            return None
+        base = self._recent[0][0] - 1 if self._recent else self._seen
+        if position < base:
+            return None
+        rows = [entry for entry in self._recent if entry[0] > position] if position < self._seen else []
+        return self._closed_at is not None and self._closed_at <= position + len(rows), rows
+
+    async def wait(self, position: int, changed: asyncio.Event, signal: AbortSignal | None) -> bool:
         self._waiters += 1
         if self._task is None:
-            self._cursor = after
+            self._seen, self._closed_at = position, None
+            self._recent.clear()
             self._task = asyncio.get_running_loop().create_task(
                 self._watch(), name=f"boxwright run-log watch {self._key}"
             )
@@ -648,17 +692,25 @@ class _RunWatch:
         try:
             while self._waiters:
                 # RESP2 (the client's default): [[key, [(id, fields), ...]]].
-                reply: Any = await self._db.client.xread(
-                    {self._key: self._cursor}, count=READ_PAGE, block=WATCH_BLOCK_MS
+                reply: Any = await self._db.blocking_client.xread(
+                    {self._key: f"{self._seen}-0" if self._closed_at is None else f"{self._seen}-1"},
+                    count=READ_PAGE,
+                    block=WATCH_BLOCK_MS,
                 )
-                if reply:
-                    entries = reply[0][1]
-                    self._cursor = _text(entries[-1][0])
-                    self.notify()
+                if not reply:
+                    continue
+                for entry_id, fields in reply[0][1]:
+                    seq, marker = _entry_seq(entry_id)
+                    if marker:
+                        self._closed_at = seq
+                    else:
+                        self._recent.append((seq, fields[b"e"]))
+                        self._seen = seq
+                self.notify()
         except asyncio.CancelledError:
             raise
         except Exception:
-            # Readers query again and meet the error themselves (the server went away, the store was closed).
+            # Readers look again and meet the error themselves (the server went away, the store was closed).
             pass
         finally:
             self._task = None
@@ -715,9 +767,7 @@ class RedisEventLog:
         if outcome == "closed":
             raise EventLogClosedError(run_id)
         first = int(reply[1])
-        watch = self._db.watches.get(self._db.key("events", run_id))
-        if watch is not None:
-            watch.notify()  # readers of this process need not wait for their XREAD to come back
+        # No local wake-up: this process's readers learn of it from their watch's XREAD, like everyone's.
         return [format_offset(run_id, seq) for seq in range(first, first + len(blobs))]
 
     async def _state(self, run_id: str) -> tuple[bool, int]:
@@ -753,7 +803,9 @@ class RedisEventLog:
         try:
             while signal is None or not signal.aborted:
                 changed = watch.generation()
-                closed, rows = await self._fetch(run_id, position)
+                # A live reader takes what the run's watch already read; anyone else asks the stream.
+                cached = watch.after(position) if live else None
+                closed, rows = cached if cached is not None else await self._fetch(run_id, position)
                 for seq, blob in rows:
                     position = seq
                     yield format_offset(run_id, seq), decode_event(blob)
@@ -763,7 +815,7 @@ class RedisEventLog:
                     continue
                 if closed or not live:
                     return
-                if not await watch.wait(f"{position}-0", changed, signal):
+                if not await watch.wait(position, changed, signal):
                     return
         finally:
             self._forget_idle(run_id)
@@ -784,10 +836,8 @@ class RedisEventLog:
     async def close(self, run_id: str) -> None:
         check_run_id(run_id)
         _, log_key, events_key = self._keys(run_id)
+        # The marker entry wakes every watch, in this process too.
         await self._db.run("close log", self._db.script(_CLOSE_LUA)(keys=[log_key, events_key], args=[]))
-        watch = self._db.watches.get(events_key)
-        if watch is not None:
-            watch.notify()
 
     async def is_closed(self, run_id: str) -> bool:
         closed, _ = await self._state(check_run_id(run_id))

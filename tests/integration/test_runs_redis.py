@@ -316,3 +316,38 @@ def test_d3_a_superseded_writer_never_lands_another_batch(server: RedisServer, u
     # Everything after the bump is the successor's: the old writer landed nothing more.
     assert len(stored) == at_bump + 1 and stored[-1] == text(-1, "successor")
     assert all(isinstance(e, ev.TextMessageContentEvent) and e.message_id == "w" for e in stored[:at_bump])
+
+
+def test_many_live_readers_in_one_process_cost_one_read_per_append(server: RedisServer, url: str) -> None:
+    """300 caught-up readers of one run: each append is read from Redis once (by the run's watch) and
+    every reader gets every event from it; the server counts no per-reader query while they tail."""
+    readers, appends = 300, 20
+
+    async def scenario() -> tuple[list[list[str]], list[str], dict[str, int]]:
+        async with open_redis(url) as db:
+            runs, log = redis_run_backend(db)
+            await runs.create_or_resume("r", "t")
+            first = await log.append("r", [text(-1)])
+            tails = [asyncio.create_task(_collect_entries(log, "r")) for _ in range(readers)]
+            counter = redis.Redis(port=server.port)
+            try:
+                await asyncio.sleep(0.5)  # every reader has read the backlog and waits
+                before = await asyncio.to_thread(_command_calls, counter)
+                offsets = list(first)
+                for i in range(appends):
+                    offsets += await log.append("r", [text(i)])
+                    await asyncio.sleep(0.01)
+                await log.close("r")
+                seen = [[o for o, _ in await asyncio.wait_for(t, 30)] for t in tails]
+                after = await asyncio.to_thread(_command_calls, counter)
+            finally:
+                counter.close()
+            delta = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+            return seen, offsets, {name: calls for name, calls in delta.items() if calls}
+
+    seen, offsets, calls = run(scenario())
+    assert all(mine == offsets for mine in seen), "a reader missed or doubled an event"
+    # Per append: the append script, and at most one XREAD of the watch; never a read per reader.
+    assert calls.get("xrange", 0) <= 5, calls
+    assert calls.get("xread", 0) <= appends + 5, calls
+    print(f"\n{readers} readers x {appends + 1} appends: server commands {calls}")
