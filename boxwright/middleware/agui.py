@@ -434,6 +434,9 @@ class Interrupts:
             return None
         if any(not isinstance(e, RunStartedEvent) for e in reopening(seen)):
             return None  # a message or a call is open: RUN_FINISHED cannot come here; the stream goes on
+        # Questions answered another way (POST /runs/{id}/approval, a timeout, the run's end) go first.
+        for stale in [key for key, (run, _) in self.paused.items() if key not in self.desk.pending(run)]:
+            del self.paused[stale]
         self.paused[approval] = (run_id, at)
         title = value.get("title")
         return Interrupt(
@@ -603,6 +606,7 @@ def agui_routes(service: Any, *, spec_for: Any, bounded_body: Any) -> list[BaseR
                 owner = record.thread_id if record is not None else ""
                 raise RunThreadMismatchError(run_id, body.thread_id, owner)
             if not service.approvals.answer(run_id, entry.interrupt_id, _allows(entry)):
+                del interrupts.paused[entry.interrupt_id]
                 raise InputRefusal(
                     409, f"resume[{index}]: interrupt {entry.interrupt_id!r} was answered already", "no_interrupt"
                 )
@@ -696,8 +700,11 @@ def agui_routes(service: Any, *, spec_for: Any, bounded_body: Any) -> list[BaseR
         run_id = request.query_params.get("runId")
         if not run_id:
             return json_response(400, {"error": "GET /agui joins a run: name it with ?runId=", "code": "no_run_id"})
+        if interrupts is not None and run_id in interrupts.continued:
+            continued, at = interrupts.continued[run_id]
+            return await agui_response(service, continued, request, interrupts=interrupts, as_run=run_id, after=at)
         await service._before_tail(run_id)
-        return await agui_response(service, run_id, request)
+        return await agui_response(service, run_id, request, interrupts=interrupts)
 
     return [Route(AGUI_PATH, start, methods=["POST"]), Route(AGUI_PATH, join, methods=["GET"])]
 
