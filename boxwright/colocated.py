@@ -34,7 +34,6 @@ import contextlib
 import hashlib
 import hmac
 import os
-import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -52,6 +51,7 @@ from .runner.protocol import RUNNER_TOKEN_ENV, ContainerRunRequest, RunnerWorksp
 from .runner.tool_exec import DEFAULT_HOLD
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .scrub import EventScrubber
+from .secrets import mint_token
 from .tool_bridge.asgi import bind_address_for, host_for_sandbox, serve_asgi
 from .tool_bridge.remote import ToolExecRun, tool_descriptors, tool_exec_app, tool_exec_path
 from .tool_bridge.tools import Tool
@@ -128,7 +128,7 @@ def _tokens_for(handle: SandboxHandle, run_id: str, runner_secret: str | None, d
             "a durable co-located run needs a runner secret that every host which may take it over shares: "
             f"pass runner_secret= (SandboxService(runner_secret=...)) or set ${RUNNER_SECRET_ENV}"
         )
-    return secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    return mint_token(), mint_token()
 
 
 async def _next_line(lines: AsyncIterator[str], stop: AbortSignal) -> str | None:

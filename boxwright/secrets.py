@@ -15,6 +15,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from secrets import token_urlsafe as _token_urlsafe
 from typing import Any, NoReturn, TypeGuard
 
 import msgspec
@@ -22,6 +23,13 @@ import msgspec
 from .errors import SecretResolutionError
 
 MASK = "***"
+# Every per-run token boxwright mints starts with this. The streaming scrubber holds back a delta's
+# end while it could still become a secret, so which ends it holds depends on the secrets' first
+# characters. A host that takes a run over mints tokens of its own and re-translates the journal:
+# with random first characters it would cut the replayed text elsewhere than its predecessor
+# stored it, and the takeover's alignment would call that a divergence. With one fixed prefix,
+# every host holds back the same ends (short of text that spells out a token itself).
+TOKEN_PREFIX = "bwt_"
 
 
 class SecretRef(msgspec.Struct, frozen=True, rename="camel"):
@@ -97,6 +105,11 @@ class Secrets:
 
 # Weak keys: a Secrets nobody holds any more takes its values with it.
 _REGISTRY: weakref.WeakKeyDictionary[Secrets, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def mint_token(nbytes: int = 32) -> str:
+    """A fresh per-run bearer token (``TOKEN_PREFIX`` + URL-safe random): see ``TOKEN_PREFIX`` for why the prefix."""
+    return TOKEN_PREFIX + _token_urlsafe(nbytes)
 
 
 def create_secrets(values: Mapping[str, str] | None = None, /, **kw: str) -> Secrets:

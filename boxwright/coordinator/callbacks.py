@@ -3,20 +3,20 @@
 Do-drives: the whole MCP bridge at ``/_bridge/runs/<id>/mcp`` (``MountedToolBridge``, the same
 ``ToolBridgeApp`` a standalone bridge serves). Co-located: ``{name, args}`` at
 ``/tool-exec/<id>`` (``ToolExecRegistry`` over ``tool_exec_app``). Each run's bearer token is
-minted by ``secrets.token_urlsafe(32)`` before its URL exists, lives only in memory and is
+minted by ``boxwright.secrets.mint_token()`` before its URL exists, lives only in memory and is
 dropped at settle (S1); a call without it is a 401 that runs nothing, a call after settle a 404.
 The URLs come from the configured origin (``hosts.resolve_bridge_origin``), never from a request.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
 
 from boxwright.abort import AbortSignal
+from boxwright.secrets import mint_token
 from boxwright.tool_bridge import BridgeRegistration, HostToolBridge
 from boxwright.tool_bridge.asgi import ToolBridgeApp
 from boxwright.tool_bridge.remote import ToolExecRun, tool_exec_app, tool_exec_path
@@ -57,7 +57,7 @@ class MountedToolBridge(HostToolBridge):
     ) -> BridgeRegistration:
         # The URL is fixed before the token exists anywhere but here (S1).
         url = self.url_for(run_id)
-        return self.app.register(run_id, tools, token=token or secrets.token_urlsafe(32), url=url, **core_opts)
+        return self.app.register(run_id, tools, token=token or mint_token(), url=url, **core_opts)
 
     async def close(self) -> None:
         self.app.close_all()
@@ -102,7 +102,7 @@ class ToolExecRegistry:
         """Serve ``tools`` for ``run_id`` until the grant is closed; only these tools, only this token (S7)."""
         if run_id in self._runs:
             raise ValueError(f"run {run_id!r} already has a tool-exec grant")
-        token = secrets.token_urlsafe(32)
+        token = mint_token()
         run = ToolExecRun(
             tools, token=token, thread_id=thread_id, signal=signal, context=context, emit_custom_event=emit_custom_event
         )

@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import secrets
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Generator, Iterable, MutableMapping
@@ -53,6 +52,7 @@ from .._json import decode_json
 from ..abort import AbortController, AbortSignal
 from ..errors import InvalidRunIdError, ToolBridgeConfigError
 from ..ids import check_run_id, check_thread_id, id_problem
+from ..secrets import mint_token
 from .core import INVALID_REQUEST, SERVER_NAME, ToolBridgeCore, handle_json_rpc, parse_error_reply
 from .guard import DEFAULT_MAX_REQUESTS_PER_RUN, RUN_BUSY, RunSlots, ServerLimits, guarded_protocol
 from .tools import EmitCustomEvent, Tool
@@ -214,7 +214,7 @@ def check_token(token: str) -> str:
     if not isinstance(token, str) or len(token) < _MIN_TOKEN_CHARS or not all("\x21" <= ch <= "\x7e" for ch in token):
         raise ToolBridgeConfigError(
             f"a bridge token must be at least {_MIN_TOKEN_CHARS} visible ASCII characters (mint one with "
-            "secrets.token_hex(24))"
+            "boxwright.secrets.mint_token())"
         )
     return token
 
@@ -350,7 +350,7 @@ class ToolBridgeApp:
             check_thread_id(thread_id)
         if run_id in self._runs:
             raise ToolBridgeConfigError(f"run {run_id!r} is already registered on this bridge")
-        token = check_token(token) if token is not None else secrets.token_hex(24)
+        token = check_token(token) if token is not None else mint_token()
         controller = AbortController()
         core = ToolBridgeCore(
             tools,

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from boxwright.errors import InvalidRunIdError, ToolBridgeConfigError
+from boxwright.secrets import TOKEN_PREFIX
 from boxwright.tool_bridge import (
     HostToolBridge,
     ToolBridgeApp,
@@ -332,7 +333,7 @@ def test_one_listener_keeps_runs_apart() -> None:
         async with await start_host_tool_bridge() as bridge, httpx.AsyncClient(timeout=10) as http:
             alpha = bridge.register("alpha", [note_alpha])
             beta = bridge.register("beta", [note_beta, beta_only])
-            assert alpha.token != beta.token and len(alpha.token) == 48  # 192 bits, hex
+            assert alpha.token != beta.token and alpha.token.startswith(TOKEN_PREFIX) and len(alpha.token) >= 47
             assert alpha.token not in repr(alpha)
 
             async def post(url: str, token_of: Any, body: dict[str, Any]) -> httpx.Response:

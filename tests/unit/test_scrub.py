@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import string
 
 import msgspec
 import pytest
@@ -20,7 +21,7 @@ from boxwright.events import (
     encode_event,
 )
 from boxwright.scrub import EventScrubber, mask_then_tail
-from boxwright.secrets import MASK, SecretScope, redact, register_secret_values
+from boxwright.secrets import MASK, TOKEN_PREFIX, SecretScope, mint_token, redact, register_secret_values
 
 SECRET = "sk-canary-7f3a9c0d2e"
 
@@ -133,3 +134,22 @@ def test_a_value_held_process_wide_outlives_a_scope_that_also_held_it() -> None:
     with SecretScope([value]):
         pass
     assert redact(value) == MASK
+
+
+def test_two_hosts_with_their_own_minted_tokens_cut_the_replayed_text_alike() -> None:
+    # A successor re-translates the journal with its own bridge token among the secrets. Deltas that
+    # end in any character a token may start with must still be held (or not) exactly as the
+    # predecessor's scrubber held them, or the takeover's alignment sees a divergence.
+    ends = string.ascii_letters + string.digits + "-_"
+    events = _text_stream([f"word{ch}" for ch in ends] + [" done"])
+    for _ in range(50):
+        host_a = _scrub(EventScrubber([SECRET, mint_token()]), events)
+        host_b = _scrub(EventScrubber([SECRET, mint_token()]), events)
+        assert host_a == host_b
+    assert mint_token().startswith(TOKEN_PREFIX) and len(mint_token()) > 40
+
+
+def test_random_first_characters_would_cut_the_text_differently() -> None:
+    # The hazard the prefix removes: two tokens that start differently hold back different ends.
+    events = _text_stream(["the", " cat"])
+    assert _scrub(EventScrubber(["e" + "1" * 40]), events) != _scrub(EventScrubber(["x" + "1" * 40]), events)
