@@ -331,7 +331,11 @@ def test_many_live_readers_in_one_process_cost_one_read_per_append(server: Redis
             tails = [asyncio.create_task(_collect_entries(log, "r")) for _ in range(readers)]
             counter = redis.Redis(port=server.port)
             try:
-                await asyncio.sleep(0.5)  # every reader has read the backlog and waits
+                # Counted once every reader has read the backlog and waits (the run's watch knows how many
+                # wait: white-box, so that a loaded machine cannot make the count start too early).
+                async with asyncio.timeout(30):
+                    while (watch := db.watches.get(db.key("events", "r"))) is None or watch._waiters < readers:  # noqa: ASYNC110 - a counter, polled
+                        await asyncio.sleep(0.02)
                 before = await asyncio.to_thread(_command_calls, counter)
                 offsets = list(first)
                 for i in range(appends):
