@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from boxwright import events as ev
-from boxwright.errors import StoreUnavailableError
+from boxwright.errors import LeaseLostError, StoreUnavailableError
 from boxwright.runs import RunPatch, format_offset
 from boxwright.stores.redis import RedisLockStore, open_redis, redis_run_backend
 from tests.support.redis_server import RedisServer, redis_server
@@ -123,3 +123,30 @@ def test_a_killed_server_loses_no_acknowledged_event_and_the_store_reconnects(se
             )
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_a_lock_whose_server_dies_signals_its_loss_and_frees_nothing_it_does_not_hold(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The holder cannot renew while the server is down: its lease is lost (it must stop), the release is
+    a logged warning, and after the restart the key is free again once the lease ran out."""
+    caplog.set_level("WARNING", logger="boxwright.stores")
+    url = server.url(prefix=server.fresh_prefix())
+    ttl_ms = 300
+
+    async def scenario() -> None:
+        async with open_redis(url) as db:
+            locks = RedisLockStore(db)
+            async with locks.lock("k", ttl_ms=ttl_ms) as lease:
+                await asyncio.to_thread(server.kill)
+                await asyncio.wait_for(lease.wait(), 2 * ttl_ms / 1000 + 1)
+                with pytest.raises(LeaseLostError, match="renewal failed"):
+                    lease.raise_if_lost()
+            await asyncio.to_thread(server.start)
+            # The AOF kept the key with its expiry; it lapses within the ttl and another holder gets in.
+            async with asyncio.timeout(5), locks.lock("k", ttl_ms=ttl_ms) as again:
+                assert not again.lost
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(scenario())  # every wait in it is bounded
+    assert any("could not release lock 'k'" in r.getMessage() for r in caplog.records)
