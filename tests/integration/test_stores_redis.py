@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from boxwright.errors import LeaseLostError
+from boxwright.errors import LeaseLostError, StoreUnavailableError
 from boxwright.stores import BlockLockStore, LockStore, SandboxInstanceStore, open_store
 from boxwright.stores.redis import RedisDatabase, RedisInstanceStore, RedisLease, RedisLockStore, open_redis
 from boxwright.testkit.stores import lock_store_suite, run_instance_store_conformance
@@ -227,3 +227,19 @@ def test_open_store_builds_the_redis_and_sqlite_sets(server: RedisServer, tmp_pa
         for key in client.scan_iter(match=f"{prefix}*"):
             client.delete(key)
         client.close()
+
+
+def test_a_password_in_the_url_never_reaches_a_repr_or_an_error() -> None:
+    async def scenario() -> str:
+        down = RedisServer()  # a free port nothing listens on
+        try:
+            async with open_store(f"redis://user:s3cret-pw@127.0.0.1:{down.port}/0?prefix=p:") as stores:
+                assert "s3cret-pw" not in repr(stores) and "s3cret-pw" not in stores.url
+                with pytest.raises(StoreUnavailableError) as caught:
+                    await stores.runs.get("r")
+                return str(caught.value)
+        finally:
+            down.stop()
+
+    message = asyncio.run(scenario())
+    assert "s3cret-pw" not in message and "user:***@127.0.0.1" in message, message
