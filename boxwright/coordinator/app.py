@@ -19,7 +19,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from starlette.applications import Starlette
@@ -28,8 +28,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from boxwright.abort import AbortController
+from boxwright.events import CustomEvent, Event, RunStartedEvent
 from boxwright.middleware.delivery import json_response
 from boxwright.middleware.service import (
+    RESUMED_PROMPT,
     STATE_KEY,
     RunChoice,
     RunRequestRefused,
@@ -101,7 +104,40 @@ def _authorizer(config: CoordinatorConfig) -> Authorize:
     )
 
 
-def _factory(config: CoordinatorConfig) -> Any:
+# A CUSTOM event the run's log carries right after ``run.accepted``: the profiles its trigger chose. A
+# takeover has no trigger metadata (R4: metadata is never stored), so the successor reads them back here;
+# without it, a replica adopting a ``claude`` run would rebuild it with the first profile's harness.
+PROFILE_EVENT: Final = "coordinator.profile"
+# How far into a log the profile event is looked for (RUN_STARTED, run.accepted, it).
+_PROFILE_WITHIN = 8
+
+
+def _announce_profile(sandbox: str, harness: str) -> Any:
+    def wrap(events: AsyncIterator[Event], abort: AbortController) -> AsyncIterator[Event]:
+        async def wrapped() -> AsyncIterator[Event]:
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                announced = False
+                async for event in events:
+                    yield event
+                    if not announced and isinstance(event, RunStartedEvent):
+                        announced = True
+                        yield CustomEvent(name=PROFILE_EVENT, value={"sandbox": sandbox, "harness": harness})
+
+        return wrapped()
+
+    return wrap
+
+
+async def _stored_profile(stores: StoreSet, run_id: str | None) -> dict[str, Any]:
+    if run_id is None:
+        return {}
+    for event in await stores.log.snapshot(run_id, _PROFILE_WITHIN):
+        if isinstance(event, CustomEvent) and event.name == PROFILE_EVENT and isinstance(event.value, dict):
+            return event.value
+    return {}
+
+
+def _factory(config: CoordinatorConfig, stores: StoreSet) -> Any:
     async def factory(request: StartRunRequest) -> RunChoice:
         if config.resolve is not None:
             made: Any = config.resolve(request)
@@ -109,17 +145,21 @@ def _factory(config: CoordinatorConfig) -> Any:
                 made = await made
             return made  # type: ignore[no-any-return]
         metadata = request.metadata or {}
+        if request.metadata is None and request.prompt == RESUMED_PROMPT:
+            # A takeover: the profiles the trigger chose, as the run's log recorded them.
+            metadata = await _stored_profile(stores, request.run_id)
         name = _pick(config.sandboxes, metadata.get("sandbox"), "sandbox")
         sandbox = config.sandboxes[name]
-        harness = config.harnesses[_pick(config.harnesses, metadata.get("harness"), "harness")]
+        harness_name = _pick(config.harnesses, metadata.get("harness"), "harness")
         session = metadata.get("sessionId")
         return RunSpec(
             sandbox=sandbox,
-            harness=harness,
+            harness=config.harnesses[harness_name],
             tools=list(config.tools) or None,
             durable=config.durable,
             session_id=session if isinstance(session, str) and session else None,
             mode=config.modes.get(name, "host-driven"),
+            wrap=_announce_profile(name, harness_name),
         )
 
     return factory
@@ -176,7 +216,7 @@ def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
         stores.log,
         locks=stores.locks,
         store=stores.instances,
-        factory=_factory(config),
+        factory=_factory(config, stores),
         lease_ttl_ms=config.lease_ttl_ms,
         thread_runs=config.thread_runs,
         on_close="detach",

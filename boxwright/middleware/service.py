@@ -34,6 +34,7 @@ from starlette.websockets import WebSocket
 from boxwright._json import BoundedDecoder, JsonBoundsError
 from boxwright.abort import AbortController, AbortSignal, wait_unless_aborted
 from boxwright.agent import JournalCleanup, JournalOptions, run_agent
+from boxwright.colocated import ToolExecHost
 from boxwright.definition import SandboxDefinition
 from boxwright.errors import (
     EpochFencedError,
@@ -200,6 +201,8 @@ class RunSpec:
     session_id: str | None = None
     # ``"colocated"``: the runner in the container drives the harness; a takeover attaches to it.
     mode: RunMode = "host-driven"
+    # ``start_run(wrap=)`` for a triggered run (the coordinator records its profile choice with it).
+    wrap: Callable[[AsyncIterator[Event], AbortController], AsyncIterator[Event]] | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,7 @@ class SandboxService:
         bridge: HostToolBridge | None = None,
         approvals: ApprovalDesk | None = None,
         runner_secret: str | None = None,
+        tool_exec: ToolExecHost | None = None,
     ) -> None:
         if thread_runs not in ("busy", "queue"):
             raise ValueError(f"thread_runs is 'busy' or 'queue', not {thread_runs!r}")
@@ -291,6 +295,9 @@ class SandboxService:
         self.approvals = approvals if approvals is not None else ApprovalDesk()
         # Co-located runs: the replicas' shared secret the runner token is derived from (boxwright.colocated).
         self._runner_secret = runner_secret
+        # Co-located runs: where their host tools are served (the coordinator's /tool-exec); None: each
+        # run's drive starts a listener of its own.
+        self.tool_exec = tool_exec
         # The one registry: every run this process drives (started here or taken over), by id.
         self._here: dict[str, _Driven] = {}
         self._group: asyncio.TaskGroup | None = None  # set between __aenter__ and __aexit__
@@ -453,6 +460,7 @@ class SandboxService:
             file_hooks=file_hooks,
             mode=mode,
             runner_secret=self._runner_secret,
+            tool_exec=self.tool_exec,
         )
         if wrap is not None:
             events = wrap(events, abort)
@@ -648,6 +656,7 @@ class SandboxService:
                 # Co-located: the successor attaches to the runner's run instead of re-reading a journal.
                 mode=spec.mode,
                 runner_secret=self._runner_secret,
+                tool_exec=self.tool_exec,
             )
             return align_to_stored_log(events, stored, out_of_band=is_out_of_band)
 
@@ -838,6 +847,7 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
                 file_hooks=spec.file_hooks,
                 session_id=spec.session_id,
                 mode=spec.mode,
+                wrap=spec.wrap,
             )
         except RunThreadMismatchError as exc:
             # Named, so the client that lost a race for its run id knows whose run it is.

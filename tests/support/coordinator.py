@@ -6,8 +6,9 @@
 Every process started over the same store URL (default: a SQLite file) is one coordinator.
 ``test_config`` reads its knobs from the environment the helper sets: the agent (a shell command
 run by the command harness in a local-process sandbox under ``BWT_BASE_DIR``), the lease, the
-watchdog; ``BWT_MODEL_URL`` adds the ``claude`` harness (the real CLI against that fake model). Its tool
-``record_call`` appends its arguments to ``BWT_TOOL_LOG``, so a test sees
+watchdog; ``BWT_MODEL_URL`` adds the ``claude`` harness (the real CLI against that fake model);
+``BWT_RUNNER_IMAGE`` adds the co-located ``docker`` sandbox profile (labels ``BWT_DOCKER_LABELS=k=v,...``)
+and its ``claude-box`` harness. Its tool ``record_call`` appends its arguments to ``BWT_TOOL_LOG``, so a test sees
 whether a callback ran anything; the ``bridge-env`` harness hands the agent its bridge URL and
 token (``BOXWRIGHT_BRIDGE_URL`` / ``BOXWRIGHT_BRIDGE_TOKEN``) so a shell agent can call it.
 A later chaos test or bench starts replicas over ``redis://`` with ``store=``.
@@ -83,8 +84,25 @@ def test_config() -> CoordinatorConfig:
 
         home = env.get("BWT_CLAUDE_HOME") or os.path.join(env["BWT_BASE_DIR"], "claude-home")
         harnesses["claude"] = claude_for(env["BWT_MODEL_URL"], home)
+    sandboxes: dict[str, Any] = {"local": sandbox}
+    modes: dict[str, Any] = {}
+    if env.get("BWT_RUNNER_IMAGE"):
+        # Co-located: the real claude in the runner image drives; the model endpoint comes from $ANTHROPIC_*
+        # and the runner token from $BOXWRIGHT_RUNNER_SECRET, which every replica of the test shares.
+        from boxwright.definition import Lifecycle
+        from boxwright.harnesses.claude_code import claude_code
+        from boxwright.providers.docker import docker_sandbox
+
+        labels = dict(item.split("=", 1) for item in env.get("BWT_DOCKER_LABELS", "").split(",") if item)
+        box = docker_sandbox(env["BWT_RUNNER_IMAGE"], labels=labels)
+        sandboxes["docker"] = define_sandbox("coordinator-docker", box, lifecycle=Lifecycle(destroy_on_complete=True))
+        modes["docker"] = "colocated"
+        harnesses["claude-box"] = claude_code(
+            "claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"}
+        )
     return CoordinatorConfig(
-        sandboxes={"local": sandbox},
+        sandboxes=sandboxes,
+        modes=modes,
         harnesses=harnesses,
         tools=[record_call_tool(env["BWT_TOOL_LOG"])],
         lease_ttl_ms=int(env.get("BWT_LEASE_MS", "1500")),
