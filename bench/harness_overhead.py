@@ -2,18 +2,24 @@
 
 Each harness's real CLI runs against the same scripted fake model (one text reply), in one process,
 interleaved round by round. "bare" starts exactly the argv and env the harness plans, with asyncio, and
-reads stdout to the end; "run_agent" adds ensure(), the workspace watcher, translation, the diff and the
-lifecycle. Goal (issues 11 and 16): ratio <= 1.1 for claude on local-process, <= 1.2 for every harness.
-bench/run_tail.py isolates the end of a run.
+reads stdout to the end; for an ACP agent (claude-agent-acp, codex-acp, gemini) bare is the smallest
+client that gets the turn done (initialize, authenticate if the harness does, session/new, session/prompt,
+then SIGTERM: ACP agents never exit by themselves). "run_agent" adds ensure(), the workspace watcher,
+translation, the diff and the lifecycle. grok is the recording-faithful fake CLI (tests/fixtures/fake_grok.py):
+no real grok is installable here. Goal (issues 11 and 16): ratio <= 1.1 for claude on local-process,
+<= 1.2 for every harness. bench/run_tail.py isolates the end of a run.
 
-Run: .venv/bin/python bench/harness_overhead.py [--rounds 10] [--harness claude-code,codex,opencode]
+Run: .venv/bin/python bench/harness_overhead.py [--rounds 10] [--harness claude-code,codex,...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -28,9 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from boxwright.agent import run_agent
 from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.events import RunFinishedEvent, create_run_scoped_id_gen
+from boxwright.harnesses.acp import AcpHarness
 from boxwright.harnesses.base import HarnessContext
 from boxwright.harnesses.claude_code import claude_code
 from boxwright.harnesses.codex import codex
+from boxwright.harnesses.grok_build import grok_build
 from boxwright.harnesses.opencode import opencode
 from boxwright.providers import local_process_sandbox
 from boxwright.providers.local_process import CAPABILITIES
@@ -38,6 +46,9 @@ from boxwright.stores.memory import MemoryInstanceStore
 from tests.fixtures import find_claude
 from tests.fixtures.fake_model import FakeModelServer, Text
 from tests.fixtures.record_agents import find_agent, opencode_config, opencode_env
+from tests.support.agent_harnesses import claude_agent_acp_for, codex_acp_for, gemini_for
+
+FAKE_GROK = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "fake_grok.py"
 
 PROMPT = "[[script:hello]] say hello"
 
@@ -75,7 +86,72 @@ SUBJECTS = [
     ),
     Subject("codex", lambda: find_agent("codex"), _codex, lambda url: {}, b'"type":"turn.completed"'),
     Subject("opencode", lambda: find_agent("opencode"), _opencode, lambda url: {}, b'"reason":"stop"'),
+    Subject(
+        "claude-agent-acp",
+        lambda: find_agent("claude-agent-acp"),
+        lambda exe, url, home: claude_agent_acp_for(url, home, exe),
+        lambda url: {},
+        b'"stopReason":"end_turn"',
+    ),
+    Subject(
+        "codex-acp",
+        lambda: find_agent("codex-acp"),
+        lambda exe, url, home: codex_acp_for(url, home, exe),
+        lambda url: {},
+        b'"stopReason":"end_turn"',
+    ),
+    Subject(
+        "gemini",
+        lambda: find_agent("gemini"),
+        lambda exe, url, home: gemini_for(url, home, exe),
+        lambda url: {},
+        b'"stopReason":"end_turn"',
+    ),
+    Subject(
+        "grok-fake",
+        lambda: f"{sys.executable} {FAKE_GROK}",
+        lambda exe, url, home: grok_build(executable=exe, env={"HOME": home}),
+        lambda url: {},
+        b'"type": "end"',
+    ),
 ]
+
+
+async def _acp_turn(harness: AcpHarness, proc: asyncio.subprocess.Process, workdir: str) -> bytes:
+    """The smallest ACP client: one turn, every permission allowed; returns what the agent printed."""
+    assert proc.stdin is not None and proc.stdout is not None
+    seen = bytearray()
+
+    async def ask(rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode() + b"\n")
+        await proc.stdin.drain()
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the agent exited during {method}")
+            seen.extend(line)
+            message = json.loads(line)
+            if message.get("id") == rid and "method" not in message:
+                return message  # type: ignore[no-any-return]
+            if "method" in message and "id" in message:  # a permission request: allow it
+                options = message.get("params", {}).get("options", [])
+                chosen = next((o["optionId"] for o in options if o.get("kind") == "allow_once"), None)
+                result = {"outcome": {"outcome": "selected", "optionId": chosen}}
+                reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+                proc.stdin.write(json.dumps(reply).encode() + b"\n")
+                await proc.stdin.drain()
+
+    caps = {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
+    await ask(1, "initialize", {"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "bench"}})
+    rid = 2
+    if harness.auth_method is not None:
+        await ask(rid, "authenticate", {"methodId": harness.auth_method})
+        rid += 1
+    session = (await ask(rid, "session/new", {"cwd": workdir, "mcpServers": []}))["result"]["sessionId"]
+    prompt = [{"type": "text", "text": PROMPT}]
+    await ask(rid + 1, "session/prompt", {"sessionId": session, "prompt": prompt})
+    return bytes(seen)
 
 
 async def bare(subject: Subject, harness: Any, host_env: dict[str, str], workdir: str) -> float:
@@ -92,6 +168,27 @@ async def bare(subject: Subject, harness: Any, host_env: dict[str, str], workdir
     )
     plan = harness.plan(ctx)
     started = time.perf_counter()
+    if isinstance(harness, AcpHarness):
+        proc = await asyncio.create_subprocess_exec(
+            "sh",
+            "-c",
+            plan.command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            cwd=workdir,
+            env={**os.environ, **plan.env},
+            start_new_session=True,  # codex-acp's node launcher keeps its binary as a child: stop the group
+        )
+        try:
+            out = await _acp_turn(harness, proc, workdir)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            await proc.wait()
+        elapsed = time.perf_counter() - started
+        assert subject.success in out, out[-500:]
+        return elapsed
     proc = await asyncio.create_subprocess_exec(
         "sh",
         "-c",
@@ -149,14 +246,14 @@ async def main() -> None:
     if unknown:
         raise SystemExit(f"unknown harness(es): {', '.join(sorted(unknown))}")
     print(f"one trivial run per round, {args.rounds} rounds, median; local-process")
-    print(f"  {'harness':12s} {'bare':>10s} {'run_agent':>10s} {'ratio':>6s}")
+    print(f"  {'harness':16s} {'bare':>10s} {'run_agent':>10s} {'ratio':>6s}")
     for subject in (s for s in SUBJECTS if s.name in wanted):
         executable = subject.find()
         if executable is None:
-            print(f"  {subject.name:12s} not installed (see deploy/agents/package.json)")
+            print(f"  {subject.name:16s} not installed (see deploy/agents/package.json)")
             continue
         ma, mb = await measure(subject, executable, args.rounds)
-        print(f"  {subject.name:12s} {mb * 1e3:8.1f}ms {ma * 1e3:8.1f}ms {ma / mb:6.2f}")
+        print(f"  {subject.name:16s} {mb * 1e3:8.1f}ms {ma * 1e3:8.1f}ms {ma / mb:6.2f}", flush=True)
     print("  goal: ratio <= 1.2 for every harness (claude-code: <= 1.1)")
 
 
