@@ -85,10 +85,67 @@ def _e2b_live(logger: RecordingLogger) -> Any:
     return e2b_sandbox(lifetime=600, logger=logger, metadata={"boxwright.test": "1"})
 
 
+# -- Railway --------------------------------------------------------------------------------------
+
+
+def railway_fake() -> Any:
+    from tests.support.fake_cloud.railway import FakeRailway
+
+    return running_fake("railway", lambda: FakeRailway(BASE_IMAGE))
+
+
+def railway_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """A ``railway_sandbox`` pointed at the running fake (extra options as for ``railway_sandbox``)."""
+    from boxwright.providers.railway import railway_sandbox
+
+    fake = railway_fake()
+    extra.setdefault("token", fake.api_token)
+    extra.setdefault("environment_id", fake.environment)
+    return railway_sandbox(endpoint=fake.endpoint, exec_url=fake.exec_url, logger=logger or RecordingLogger(), **extra)
+
+
+def _railway_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.railway import railway_sandbox
+
+    return railway_sandbox(idle_timeout_minutes=10, logger=logger)
+
+
+# -- Daytona --------------------------------------------------------------------------------------
+
+
+def daytona_fake() -> Any:
+    from tests.support.fake_cloud.daytona import FakeDaytona
+
+    return running_fake("daytona", lambda: FakeDaytona(BASE_IMAGE))
+
+
+def daytona_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """A ``daytona_sandbox`` pointed at the running fake (extra options as for ``daytona_sandbox``)."""
+    from boxwright.providers.daytona import daytona_sandbox
+
+    fake = daytona_fake()
+    extra.setdefault("api_key", fake.api_key)
+    return daytona_sandbox(
+        api_url=fake.api_url, logger=logger or RecordingLogger(), labels={"boxwright.test": "1"}, **extra
+    )
+
+
+def _daytona_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.daytona import daytona_sandbox
+
+    return daytona_sandbox(logger=logger, labels={"boxwright.test": "1"}, ephemeral=True)
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
     "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
+    "daytona": CloudEntry("daytona", "daytona", ("DAYTONA_API_KEY",), daytona_fake_provider, _daytona_live),
+    # Railway has no SDK: its client is httpx + websockets (core dependencies); either token kind will do.
+    "railway": CloudEntry(
+        "railway", "websockets", ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"),
+        railway_fake_provider, _railway_live,
+    ),
 }
 
 
@@ -99,7 +156,9 @@ def _sdk_problem(module: str) -> str | None:
     return None
 
 
-def _config(entry: CloudEntry, build: Build, unsupported: str | None, label: str) -> ProviderSuiteConfig:
+def _config(
+    entry: CloudEntry, build: Build, unsupported: str | None, label: str, **extra: Any
+) -> ProviderSuiteConfig:
     logger = RecordingLogger()
     holder: dict[str, Any] = {}
 
@@ -133,20 +192,21 @@ def fake_problem(name: str) -> str | None:
     return _sdk_problem(CLOUD_PROVIDERS[name].sdk) or image_problem(BASE_IMAGE)
 
 
-def fake_config(name: str) -> ProviderSuiteConfig:
+def fake_config(name: str, **extra: Any) -> ProviderSuiteConfig:
     entry = CLOUD_PROVIDERS[name]
     problem = fake_problem(name)
-    return _config(entry, entry.fake, problem, f"{name}-fake")
+    return _config(entry, entry.fake, problem, f"{name}-fake", **extra)
 
 
 def live_problem(name: str) -> str | None:
     entry = CLOUD_PROVIDERS[name]
-    missing = [var for var in entry.env if not os.environ.get(var)]
+    # "A|B" is either of two variables.
+    missing = [var for var in entry.env if not any(os.environ.get(v) for v in var.split("|"))]
     if missing:
-        return f"live {name} needs {' and '.join(missing)} (unset)"
+        return f"live {name} needs {' and '.join(m.replace('|', ' or ') for m in missing)} (unset)"
     return _sdk_problem(entry.sdk)
 
 
-def live_config(name: str) -> ProviderSuiteConfig:
+def live_config(name: str, **extra: Any) -> ProviderSuiteConfig:
     entry = CLOUD_PROVIDERS[name]
-    return _config(entry, entry.live, live_problem(name), f"{name}-live")
+    return _config(entry, entry.live, live_problem(name), f"{name}-live", **extra)
