@@ -113,31 +113,33 @@ async function drainTanstack(client) {
 
 async function tanstack() {
   const began = Date.now();
-  let posted = null; // the runId the adapter put in its RunAgentInput
-  const fetchClient = async (url, init) => {
-    if (init?.method === "POST" && typeof init.body === "string") posted = JSON.parse(init.body).runId;
-    return fetch(url, init);
-  };
-  const sse = new ChatClient({
-    connection: fetchServerSentEvents(`${args.url}/agui`, { fetchClient }),
-    threadId: args.threadId,
-  });
-  let sseError = null;
-  try {
-    await sse.sendMessage(args.prompt);
-    await drainTanstack(sse);
-  } catch (caught) {
-    sseError = describe(caught);
-  }
-  const runId = posted;
-  const timings = { sse: Date.now() - began };
-  const result = { sse: { error: sseError ?? (sse.getError() ? describe(sse.getError()) : null), messages: sse.getMessages() } };
-  sse.dispose();
-  if (args.durableRunId) {
+  const result = {};
+  if (!args.durableRunId) {
+    let posted = null; // the runId the adapter put in its RunAgentInput
+    const fetchClient = async (url, init) => {
+      if (init?.method === "POST" && typeof init.body === "string") posted = JSON.parse(init.body).runId;
+      return fetch(url, init);
+    };
+    const sse = new ChatClient({
+      connection: fetchServerSentEvents(`${args.url}/agui`, { fetchClient }),
+      threadId: args.threadId,
+    });
+    let sseError = null;
+    try {
+      await sse.sendMessage(args.prompt);
+      await drainTanstack(sse);
+    } catch (caught) {
+      sseError = describe(caught);
+    }
+    result.sse = { error: sseError ?? (sse.getError() ? describe(sse.getError()) : null), messages: sse.getMessages() };
+    result.runId = posted;
+    sse.dispose();
+  } else {
     // The durable-stream connection: TanStack's stream() adapter over the run's Durable Streams URL.
     const { stream: readStream } = await import("@durable-streams/client");
+    const url = `${args.url}/runs/${encodeURIComponent(args.durableRunId)}/stream`;
     const connection = streamAdapter(async function* () {
-      const response = await readStream({ url: `${args.url}/runs/${encodeURIComponent(args.durableRunId)}/stream`, offset: "-1", live: false });
+      const response = await readStream({ url, offset: "-1", live: false });
       for (const chunk of await response.json()) yield chunk;
     });
     const durable = new ChatClient({ connection, threadId: `${args.threadId}-durable` });
@@ -148,11 +150,13 @@ async function tanstack() {
     } catch (caught) {
       durableError = describe(caught);
     }
-    result.durable = { error: durableError ?? (durable.getError() ? describe(durable.getError()) : null), messages: durable.getMessages() };
+    result.durable = {
+      error: durableError ?? (durable.getError() ? describe(durable.getError()) : null),
+      messages: durable.getMessages(),
+    };
     durable.dispose();
   }
-  result.runId = runId;
-  result.timings = { ...timings, total: Date.now() - began };
+  result.timings = { total: Date.now() - began };
   return result;
 }
 
