@@ -36,6 +36,7 @@ class CloudEntry:
     fake: Build  # the provider against its fake (started on first use)
     live: Build  # the provider against the real service
     port: int = 8080
+    follow_unsupported: str | None = None  # why its journal polls (not both background and killable)
 
 
 _fakes: dict[str, Any] = {}
@@ -140,11 +141,21 @@ def _daytona_live(logger: RecordingLogger) -> Any:
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
     "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
-    "daytona": CloudEntry("daytona", "daytona", ("DAYTONA_API_KEY",), daytona_fake_provider, _daytona_live),
+    "daytona": CloudEntry(
+        "daytona",
+        "daytona",
+        ("DAYTONA_API_KEY",),
+        daytona_fake_provider,
+        _daytona_live,
+        follow_unsupported="Daytona's kill deletes the session; reaching a background child is not measured (seed)",
+    ),
     # Railway has no SDK: its client is httpx + websockets (core dependencies); either token kind will do.
     "railway": CloudEntry(
-        "railway", "websockets", ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"),
-        railway_fake_provider, _railway_live,
+        "railway",
+        "websockets",
+        ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"),
+        railway_fake_provider,
+        _railway_live,
     ),
 }
 
@@ -156,9 +167,7 @@ def _sdk_problem(module: str) -> str | None:
     return None
 
 
-def _config(
-    entry: CloudEntry, build: Build, unsupported: str | None, label: str, **extra: Any
-) -> ProviderSuiteConfig:
+def _config(entry: CloudEntry, build: Build, unsupported: str | None, label: str, **extra: Any) -> ProviderSuiteConfig:
     logger = RecordingLogger()
     holder: dict[str, Any] = {}
 
@@ -184,6 +193,8 @@ def _config(
         logger=logger,
         unsupported=unsupported,
         port=entry.port,
+        follow_unsupported=entry.follow_unsupported,
+        **extra,
     )
 
 
