@@ -9,6 +9,8 @@ import os
 CLOUD = (
     ("e2b", "e2b", "e2b", ("E2B_API_KEY",), ("E2B_DOMAIN",)),
     ("daytona", "daytona", "daytona", ("DAYTONA_API_KEY",), ("DAYTONA_API_URL", "DAYTONA_TARGET")),
+    # Railway has no Python SDK: boxwright's client is httpx + websockets; "A|B" is either variable.
+    ("railway", "websockets", "railway", ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"), ()),
 )
 
 
@@ -17,12 +19,15 @@ def cloud_checks() -> list[tuple[str, str, bool, str]]:
     rows = []
     for name, module, extra, needed, optional in CLOUD:
         if importlib.util.find_spec(module) is None:
-            rows.append(("provider", name, False, f"the `{module}` SDK is not installed: pip install 'boxwright[{extra}]'"))
+            rows.append(
+                ("provider", name, False, f"the `{module}` SDK is not installed: pip install 'boxwright[{extra}]'")
+            )
             continue
-        missing = [var for var in needed if not os.environ.get(var)]
+        missing = [var.replace("|", " or ") for var in needed if not any(os.environ.get(v) for v in var.split("|"))]
         also = f" (optional: {', '.join(optional)})" if optional else ""
         if missing:
             rows.append(("provider", name, False, f"needs {' and '.join(missing)}{also}"))
         else:
-            rows.append(("provider", name, True, f"${' and $'.join(needed)} set{also}"))
+            present = [next(v for v in var.split("|") if os.environ.get(v)) for var in needed]
+            rows.append(("provider", name, True, f"${' and $'.join(present)} set{also}"))
     return rows

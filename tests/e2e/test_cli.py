@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from boxwright.cli import NOT_SUPPORTED_YET
 from boxwright.events import CustomEvent, RunErrorEvent, RunFinishedEvent, TextMessageContentEvent, decode_ndjson
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
 from tests.support.require import agent_cli
@@ -118,8 +119,16 @@ def test_doctor_says_what_is_not_supported_yet_and_whether_claude_can_log_in(tmp
     home = tmp_path / "home"
     home.mkdir()
     checks = _doctor(tmp_path, HOME=str(home))
-    for name in ("provider:railway",):
-        assert checks[name]["ok"] is False and "not supported yet" in str(checks[name]["detail"]), checks[name]
+    for kind, name in NOT_SUPPORTED_YET:
+        check = checks[f"{kind}:{name}"]
+        assert check["ok"] is False and "not supported yet" in str(check["detail"]), check
+    railway = str(checks["provider:railway"]["detail"])
+    assert checks["provider:railway"]["ok"] is False, railway
+    assert "RAILWAY_API_TOKEN or RAILWAY_TOKEN and RAILWAY_ENVIRONMENT_ID" in railway, railway
+    token = "rw-do-not-print-me-0123456789"
+    ready = _doctor(tmp_path, HOME=str(home), RAILWAY_TOKEN=token, RAILWAY_ENVIRONMENT_ID="env-1")
+    assert ready["provider:railway"]["ok"] is True and "$RAILWAY_TOKEN" in str(ready["provider:railway"]["detail"])
+    assert token not in str(ready)
     assert checks["provider:e2b"]["ok"] is False and "E2B_API_KEY" in str(checks["provider:e2b"]["detail"])
     assert checks["agent-auth:claude-code"]["ok"] is False
     assert "ANTHROPIC_API_KEY" in str(checks["agent-auth:claude-code"]["detail"])
@@ -144,7 +153,7 @@ def test_doctor_says_what_is_not_supported_yet_and_whether_claude_can_log_in(tmp
         text=True,
         timeout=60,
     ).stdout
-    assert "--  railway" in text and "ok  railway" not in text
+    assert "no  railway" in text and "ok  railway" not in text
 
 
 def test_doctor_reports_codex_and_opencode_binary_version_and_auth(tmp_path: Path) -> None:
