@@ -25,7 +25,7 @@ import msgspec
 from ._faults import fault_point
 from .abort import AbortController, AbortSignal
 from .auth import AuthMode
-from .colocated import colocated_drive
+from .colocated import ToolExecHost, colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
 from .errors import AbortError, DurableRunIdRequiredError, HalfDurableRunError
 from .events import (
@@ -237,6 +237,7 @@ async def run_agent(
     mode: Literal["host-driven", "colocated"] = "host-driven",
     runner_secret: str | None = None,
     deadline: float | None = None,
+    tool_exec: ToolExecHost | None = None,
 ) -> AsyncIterator[Event]:
     """Run ``harness`` in ``sandbox`` on ``messages`` and yield its work as AG-UI events.
 
@@ -244,7 +245,8 @@ async def run_agent(
     bridge and only tool execution crosses back (``boxwright.colocated``). There ``journal``
     is the runner's own NDJSON (``journal.attach`` re-attaches to it), and ``runner_secret``
     (default ``$BOXWRIGHT_RUNNER_SECRET``; a durable run needs one) is what every host entitled
-    to the run derives the runner's token from.
+    to the run derives the runner's token from; ``tool_exec`` serves its host tools (default: a
+    listener of the drive's own; a coordinator passes its ``/tool-exec`` registry).
 
     ``journal`` makes the agent outlive this process; ``durability`` (the run record) decides
     what a dropped consumer means: detach (keep the sandbox) unless a cancel is recorded.
@@ -331,6 +333,7 @@ async def run_agent(
                     attach=journal is not None and journal.attach,
                     runner_secret=runner_secret,
                     owns=lambda: not _superseded(durability),
+                    tool_exec=tool_exec,
                 )
                 if mode == "colocated"
                 else _drive(

@@ -2,8 +2,10 @@
 
 ``colocated_drive`` starts ``python -m boxwright.runner`` in the sandbox (its bearer token and
 the harness's credentials in that exec's env only), waits for ``/health``, serves this run's
-host tools on a tool-exec endpoint the container reaches (``host.docker.internal``), POSTs
-the run and yields the runner's AG-UI events as they arrive. ``run_agent(mode="colocated")``
+host tools on a tool-exec endpoint the container reaches, POSTs the run and yields the
+runner's AG-UI events as they arrive. The endpoint is a ``ToolExecHost``'s grant when one is
+given (the coordinator's ``/tool-exec`` on its public callback origin), else a listener of
+this drive's own (``host.docker.internal``). ``run_agent(mode="colocated")``
 calls it in place of the host-driven drive, so the events land in the same durable log.
 
 A durable run outlives its host: the runner's run is a task of the runner, not of the host's
@@ -34,8 +36,8 @@ import contextlib
 import hashlib
 import hmac
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -73,6 +75,37 @@ _HARNESS_ENV_PREFIXES = ("ANTHROPIC_", "CLAUDE_")
 
 class ColocatedRunError(RuntimeError):
     code = "colocated_runner_failed"
+
+
+class ToolExecGrantLike(Protocol):
+    """One run's tool-exec endpoint: the URL the runner posts to and its bearer token; ``close()`` ends it."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def token(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class ToolExecHost(Protocol):
+    """Serves co-located runs' host tools on an endpoint of its own (the coordinator's ``ToolExecRegistry``).
+
+    ``register`` serves ``tools`` for ``run_id`` under ``token`` (minted when ``None``) until the grant
+    is closed; ``provider`` is the sandbox's, so the URL is one that sandbox can reach.
+    """
+
+    def register(
+        self,
+        run_id: str,
+        tools: Sequence[Tool],
+        *,
+        thread_id: str,
+        signal: AbortSignal | None = None,
+        token: str | None = None,
+        provider: str | None = None,
+    ) -> ToolExecGrantLike: ...
 
 
 async def _healthy(client: httpx.AsyncClient, base: str, handle: SandboxHandle) -> None:
@@ -168,12 +201,14 @@ async def colocated_drive(
     runner_secret: str | None = None,
     owns: Callable[[], bool] = lambda: True,
     hold: float = DEFAULT_HOLD,
+    tool_exec: ToolExecHost | None = None,
 ) -> AsyncGenerator[Event, None]:
     """The run's events from the runner; ``attach=True`` takes over a run another host started (module doc).
 
     ``durable``: the run outlives this drive (a detach or a lost claim leaves the runner going, and
     only an explicit cancel stops it); ``owns()`` says whether this drive still owns the sandbox
-    (a superseded one shuts nothing down); ``hold``: seconds a tool call no host answers is held.
+    (a superseded one shuts nothing down); ``hold``: seconds a tool call no host answers is held;
+    ``tool_exec``: where this run's host tools are served (default: a listener of this drive's own).
     """
     address = getattr(handle, "address", None)
     if address is None:
@@ -187,14 +222,23 @@ async def colocated_drive(
     base = f"http://{host}:{RUNNER_PORT}"
     headers = {"Authorization": f"Bearer {token}"}
     run_path = f"{base}/runs/{quote(run_id, safe='')}"
-    exec_server = await serve_asgi(
-        tool_exec_app({run_id: ToolExecRun(tools, token=exec_token, thread_id=thread_id, signal=signal)}),
-        host=bind_address_for(handle.provider),
-    )
-    tool_exec_url = (
-        f"http://{host_for_sandbox(handle.provider)}:{exec_server.port}{tool_exec_path(run_id)}"
-        f"?threadId={quote(thread_id, safe='')}"
-    )
+    if tool_exec is not None:
+        # The host's own endpoint (a coordinator's /tool-exec on its public origin): on a takeover the
+        # runner is re-pointed to the successor's grant, so a tool call lands on whoever drives now.
+        grant = tool_exec.register(
+            run_id, tools, thread_id=thread_id, signal=signal, token=exec_token, provider=handle.provider
+        )
+        tool_exec_url, close_endpoint = grant.url, _closer(grant)
+    else:
+        exec_server = await serve_asgi(
+            tool_exec_app({run_id: ToolExecRun(tools, token=exec_token, thread_id=thread_id, signal=signal)}),
+            host=bind_address_for(handle.provider),
+        )
+        tool_exec_url = (
+            f"http://{host_for_sandbox(handle.provider)}:{exec_server.port}{tool_exec_path(run_id)}"
+            f"?threadId={quote(thread_id, safe='')}"
+        )
+        close_endpoint = exec_server.close
     runner: SpawnHandle | None = None
     finished = False
     # Aborted when this drive stops reading but the run goes on (a durable run's detach or lost claim).
@@ -285,7 +329,7 @@ async def colocated_drive(
                     with contextlib.suppress(httpx.HTTPError):
                         await client.post(f"{base}/shutdown", headers=headers, timeout=10.0)
     finally:
-        await exec_server.close()
+        await close_endpoint()
         if runner is not None and (finished or not durable):
             await runner.kill()
 
@@ -333,6 +377,13 @@ def has_finished_via_runner(handle_for: HandleFor, *, runner_secret: str | None 
         return await probe_colocated_run_exit(handle, record.run_id, runner_secret=runner_secret)
 
     return has_finished
+
+
+def _closer(grant: ToolExecGrantLike) -> Callable[[], Awaitable[None]]:
+    async def close() -> None:
+        grant.close()
+
+    return close
 
 
 async def _cancel(client: httpx.AsyncClient, run_path: str, headers: Mapping[str, str]) -> None:

@@ -129,6 +129,10 @@ class RunRecord(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_
     detached_since: int | None = None
     cancel_requested: bool | None = None
     driver_epoch: int | None = None
+    # The profiles (by name, never their values) a run factory chose: a successor that takes the run
+    # over rebuilds it from these, since the trigger's metadata is never stored.
+    sandbox_profile: str | None = None
+    harness_profile: str | None = None
 
 
 class RunPatch(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_defaults=True):
@@ -145,6 +149,8 @@ class RunPatch(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_d
     detached_since: int | UnsetType | None = UNSET
     cancel_requested: bool | UnsetType | None = UNSET
     driver_epoch: int | UnsetType | None = UNSET
+    sandbox_profile: str | UnsetType | None = UNSET
+    harness_profile: str | UnsetType | None = UNSET
 
 
 PATCH_FIELDS: Final[tuple[str, ...]] = RunPatch.__struct_fields__
@@ -300,6 +306,15 @@ class RunListing(Protocol):
 
 
 @runtime_checkable
+class RunningListing(Protocol):
+    """Optional: every ``running`` run, oldest ``started_at`` first (a sweep looks for ones nobody drives)."""
+
+    async def list_running(self, limit: int) -> list[RunRecord]:
+        """At most ``limit`` running runs, oldest first."""
+        ...
+
+
+@runtime_checkable
 class EventLog(Protocol):
     async def append(self, run_id: str, events: Sequence[Event], *, epoch: int | None = None) -> list[str]:
         """Store ``events`` as one batch, all or nothing; returns one new offset per event, in order.
@@ -339,6 +354,23 @@ class EventLog(Protocol):
 
 
 # -- cancel (the durable band) --------------------------------------------------------------------
+
+
+class RunFailure(str):
+    """An abort reason that stops a run as a cancel does and ends it ``failed`` with ``error``.
+
+    It equals ``RUN_CANCEL_REASON`` (a str of that value), so everything that treats a cancel as
+    "stop for good" (the sandbox destroyed, a co-located runner told to cancel, never a detach)
+    does the same for it; the driver then records ``failed`` with ``error`` as the run's one final
+    status (the inactivity watchdog: never an ``aborted`` that a later write turns into ``failed``).
+    """
+
+    error: RunError
+
+    def __new__(cls, error: RunError) -> RunFailure:
+        made = super().__new__(cls, RUN_CANCEL_REASON)
+        made.error = error
+        return made
 
 
 async def request_run_cancel(runs: RunStore, run_id: str) -> RunRecord | None:
@@ -606,7 +638,10 @@ class _Pump:
     def note_abort(self, reason: object) -> None:
         if self.abort is not None or self.terminal is not None:
             return  # a stop that comes after the run's end does not make it aborted
-        if reason == RUN_CANCEL_REASON:
+        if isinstance(reason, RunFailure):
+            self.note_failure(reason.error)  # stopped as a cancel is, but the verdict is a failure
+            self.abort = reason.error
+        elif reason == RUN_CANCEL_REASON:
             self.abort = RunError(message="the run was cancelled", code=RUN_CANCELLED_CODE)
         else:
             shown = _describe(reason) if isinstance(reason, BaseException) else str(reason)
@@ -997,12 +1032,14 @@ __all__ = [
     "RunController",
     "RunCreation",
     "RunError",
+    "RunFailure",
     "RunHandle",
     "RunListing",
     "RunPatch",
     "RunRecord",
     "RunStatus",
     "RunStore",
+    "RunningListing",
     "StreamSource",
     "apply_patch",
     "check_epoch",

@@ -19,7 +19,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -28,11 +28,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from boxwright.abort import AbortController
-from boxwright.events import CustomEvent, Event, RunStartedEvent
 from boxwright.middleware.delivery import json_response
 from boxwright.middleware.service import (
-    RESUMED_PROMPT,
     STATE_KEY,
     RunChoice,
     RunRequestRefused,
@@ -70,9 +67,11 @@ class Coordinator:
     _server: tuple[str, int] | None = None
     _headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
-    def origin(self) -> str:
-        """Where sandboxes call back; raises ``ToolBridgeConfigError`` when nothing safe is known."""
-        provider = next((s.provider.name for s in self.config.sandboxes.values()), None)
+    def origin(self, provider: str | None = None) -> str:
+        """Where sandboxes of ``provider`` (default: the first profile's) call back; raises
+        ``ToolBridgeConfigError`` when nothing safe is known."""
+        if provider is None:
+            provider = next((s.provider.name for s in self.config.sandboxes.values()), None)
         scope: dict[str, Any] = {"server": self._server, "headers": self._headers}
         return resolve_bridge_origin(
             scope,
@@ -104,50 +103,15 @@ def _authorizer(config: CoordinatorConfig) -> Authorize:
     )
 
 
-# A CUSTOM event the run's log carries right after ``run.accepted``: the profiles its trigger chose. A
-# takeover has no trigger metadata (R4: metadata is never stored), so the successor reads them back here;
-# without it, a replica adopting a ``claude`` run would rebuild it with the first profile's harness.
-PROFILE_EVENT: Final = "coordinator.profile"
-# How far into a log the profile event is looked for (RUN_STARTED, run.accepted, it).
-_PROFILE_WITHIN = 8
-
-
-def _announce_profile(sandbox: str, harness: str) -> Any:
-    def wrap(events: AsyncIterator[Event], abort: AbortController) -> AsyncIterator[Event]:
-        async def wrapped() -> AsyncIterator[Event]:
-            async with contextlib.aclosing(events):  # type: ignore[type-var]
-                announced = False
-                async for event in events:
-                    yield event
-                    if not announced and isinstance(event, RunStartedEvent):
-                        announced = True
-                        yield CustomEvent(name=PROFILE_EVENT, value={"sandbox": sandbox, "harness": harness})
-
-        return wrapped()
-
-    return wrap
-
-
-async def _stored_profile(stores: StoreSet, run_id: str | None) -> dict[str, Any]:
-    if run_id is None:
-        return {}
-    for event in await stores.log.snapshot(run_id, _PROFILE_WITHIN):
-        if isinstance(event, CustomEvent) and event.name == PROFILE_EVENT and isinstance(event.value, dict):
-            return event.value
-    return {}
-
-
-def _factory(config: CoordinatorConfig, stores: StoreSet) -> Any:
+def _factory(config: CoordinatorConfig) -> Any:
     async def factory(request: StartRunRequest) -> RunChoice:
         if config.resolve is not None:
             made: Any = config.resolve(request)
             if inspect.isawaitable(made):
                 made = await made
             return made  # type: ignore[no-any-return]
+        # A takeover's request carries the profile names its record kept (metadata itself is never stored).
         metadata = request.metadata or {}
-        if request.metadata is None and request.prompt == RESUMED_PROMPT:
-            # A takeover: the profiles the trigger chose, as the run's log recorded them.
-            metadata = await _stored_profile(stores, request.run_id)
         name = _pick(config.sandboxes, metadata.get("sandbox"), "sandbox")
         sandbox = config.sandboxes[name]
         harness_name = _pick(config.harnesses, metadata.get("harness"), "harness")
@@ -159,7 +123,8 @@ def _factory(config: CoordinatorConfig, stores: StoreSet) -> Any:
             durable=config.durable,
             session_id=session if isinstance(session, str) and session else None,
             mode=config.modes.get(name, "host-driven"),
-            wrap=_announce_profile(name, harness_name),
+            sandbox_profile=name,
+            harness_profile=harness_name,
         )
 
     return factory
@@ -209,18 +174,25 @@ def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
     def origin() -> str:
         return holder[0].origin()
 
+    def origin_for(provider: str | None) -> str:
+        return holder[0].origin(provider)
+
     bridge = MountedToolBridge(origin)
-    tool_exec = ToolExecRegistry(origin)
+    tool_exec = ToolExecRegistry(origin_for)
     service = SandboxService(
         stores.runs,
         stores.log,
         locks=stores.locks,
         store=stores.instances,
-        factory=_factory(config, stores),
+        factory=_factory(config),
         lease_ttl_ms=config.lease_ttl_ms,
         thread_runs=config.thread_runs,
         on_close="detach",
         bridge=bridge,
+        # Co-located runs: their host tools on this coordinator's /tool-exec, the runner token from the
+        # secret every replica shares (a successor derives it to re-point the runner to itself).
+        tool_exec=tool_exec,
+        runner_secret=config.runner_secret,
     )
     scheduler = Scheduler(
         service,

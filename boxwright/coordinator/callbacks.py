@@ -82,9 +82,14 @@ class ToolExecGrant:
 
 
 class ToolExecRegistry:
-    """The co-located runs' host tools, by run id, as the coordinator's ``/tool-exec/<id>`` serves them."""
+    """The co-located runs' host tools, by run id, as the coordinator's ``/tool-exec/<id>`` serves them.
 
-    def __init__(self, origin: Callable[[], str]) -> None:
+    ``origin(provider)`` is where a sandbox of that provider reaches this coordinator (``Coordinator.origin``).
+    It is a ``boxwright.colocated.ToolExecHost``: ``colocated_drive`` registers each run here, and a
+    successor's drive registers the run it took over, then re-points the runner to that grant.
+    """
+
+    def __init__(self, origin: Callable[[str | None], str]) -> None:
         self._origin = origin
         self._runs: dict[str, ToolExecRun] = {}
         self.app = tool_exec_app(self._runs.get, max_body_bytes=TOOL_EXEC_MAX_BODY)
@@ -96,18 +101,25 @@ class ToolExecRegistry:
         *,
         thread_id: str,
         signal: AbortSignal | None = None,
+        token: str | None = None,
+        provider: str | None = None,
         context: Any = None,
         emit_custom_event: EmitCustomEvent | None = None,
     ) -> ToolExecGrant:
-        """Serve ``tools`` for ``run_id`` until the grant is closed; only these tools, only this token (S7)."""
+        """Serve ``tools`` for ``run_id`` until the grant is closed; only these tools, only this token (S7).
+
+        ``token``: the run's bearer (default: a new one); a co-located run passes the one it derives from
+        the runner secret, so every host of the run scrubs the same value. ``provider``: the sandbox's,
+        for the origin it can reach (a Docker container: ``host.docker.internal`` on a loopback server).
+        """
         if run_id in self._runs:
             raise ValueError(f"run {run_id!r} already has a tool-exec grant")
-        token = mint_token()
+        token = token or mint_token()
         run = ToolExecRun(
             tools, token=token, thread_id=thread_id, signal=signal, context=context, emit_custom_event=emit_custom_event
         )
         self._runs[run_id] = run
-        url = f"{self._origin().rstrip('/')}{tool_exec_path(run_id)}?threadId={quote(thread_id, safe='')}"
+        url = f"{self._origin(provider).rstrip('/')}{tool_exec_path(run_id)}?threadId={quote(thread_id, safe='')}"
 
         def close() -> None:
             if self._runs.get(run_id) is run:

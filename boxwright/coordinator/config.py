@@ -124,6 +124,9 @@ class CoordinatorConfig:
     authorize: Authorize | None = None
     client_token: str | None = field(default=None, repr=False)
     admin_token: str | None = field(default=None, repr=False)
+    # Co-located runs: the secret every replica shares, the runner's token is derived from (default:
+    # $BOXWRIGHT_RUNNER_SECRET); a durable co-located run is refused without one.
+    runner_secret: str | None = field(default=None, repr=False)
     allow_anonymous: bool = False
     durable: bool = True
     thread_runs: ThreadRuns = "busy"

@@ -1,10 +1,20 @@
 """The coordinator's periodic work, owned by its lifespan: the inactivity watchdog and the sweep.
 
 Watchdog (decision 4, R34): a run this replica drives whose log has not grown for
-``inactivity_timeout`` seconds is failed with ``WATCHDOG_MESSAGE``, its cancel recorded and
-its driver aborted with the cancel reason (which destroys its sandbox). Sweep: runs whose
-driver went away detached (``list_reclaimable``), at most ``max_runs`` a sweep, are adopted
-through the service's one takeover path; ``/admin/sweep`` runs the same sweep on demand.
+``inactivity_timeout`` seconds is stopped as a cancel stops it (its sandbox destroyed) and ends
+``failed`` with ``WATCHDOG_MESSAGE`` (``SandboxService.fail_run``): its driver writes that one
+final status, and the cancel is recorded after. Its scope is this replica's own runs, and that
+is the right one: only the lease holder may write a run's status, and a replica that died has
+no watchdog at all; its runs' leases expire, the sweep below adopts them, and the adopter's
+watchdog watches them from then on.
+
+Sweep: runs nobody drives any more, at most ``max_runs`` a sweep, are adopted through the
+service's one takeover path: the detached ones (``list_reclaimable``: their driver stamped a
+detach, a graceful shutdown), then those whose replica died without a word (a SIGKILL, a lost
+machine: running, claimed once, and no live lease any more). Such a run carries no detach stamp,
+so only the lease tells: each candidate gets an attach that waits ``ORPHAN_PROBE_S`` for the
+lease, and one a live replica still holds is left to it. ``/admin/sweep`` runs the same sweep on
+demand.
 Ticks never overlap (each loop awaits its tick), and a tick that raises is logged and the loop
 goes on. The clock is injectable, so a test moves time instead of waiting it out.
 """
@@ -14,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +34,7 @@ import msgspec
 
 from boxwright.events import now_ms
 from boxwright.middleware.service import SandboxService
-from boxwright.runs import RunError, RunPatch, is_terminal_status, request_run_cancel
+from boxwright.runs import RunError, RunRecord
 from boxwright.secrets import redact
 
 log = logging.getLogger("boxwright.middleware")
@@ -32,6 +43,10 @@ WATCHDOG_MESSAGE: Final = "run watchdog: no progress; orchestrator presumed dead
 WATCHDOG_CODE: Final = "watchdog"
 # How long the watchdog waits for an aborted driver to end before it writes the failure itself.
 WATCHDOG_SETTLE_S: Final = 30.0
+# How long the sweep's attach waits for a running run's lease: a dead replica's is free at once.
+ORPHAN_PROBE_S: Final = 0.5
+# How many running runs one sweep reads to find the orphans among them.
+ORPHAN_SCAN: Final = 1000
 
 
 class SweepResult(msgspec.Struct, rename="camel", kw_only=True):
@@ -41,6 +56,8 @@ class SweepResult(msgspec.Struct, rename="camel", kw_only=True):
     not_adopted: int = 0
     failed: int = 0
     run_ids: list[str] = msgspec.field(default_factory=list)
+    # Of ``considered``: running runs with no detach stamp, probed for a lease nobody renews.
+    orphans_probed: int = 0
 
 
 @dataclass
@@ -101,7 +118,8 @@ class Scheduler:
         """One watchdog pass over the runs driven here; returns the ids it failed."""
         self.watchdog_ticks += 1
         now = self.clock()
-        driven = set(self.service.active_runs)
+        # Runs this replica drives: a takeover still waiting for another replica's lease is not one.
+        driven = set(self.service.driving_runs)
         for gone in set(self._seen) - driven:
             del self._seen[gone]
         failed: list[str] = []
@@ -119,21 +137,8 @@ class Scheduler:
 
     async def _fail_idle(self, run_id: str) -> None:
         log.warning("run %r: no event for %.0f s; failing it (%s)", run_id, self.inactivity_timeout, WATCHDOG_MESSAGE)
-        record = await request_run_cancel(self.service.runs, run_id)
-        # The cancel reason: the driver's abort path destroys the sandbox, whatever its lifecycle says.
-        await self.service.cancel_run(run_id)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(WATCHDOG_SETTLE_S):
-                record = await self.service.wait_run(run_id)
-        # The driver ended ``aborted`` (a cancel); the record says why: failed, by the watchdog.
-        epoch = record.driver_epoch if record is not None else None
-        current = await self.service.runs.get(run_id)
-        if current is None or (current.driver_epoch != epoch and epoch is not None):
-            return  # another driver owns it now: its record is not ours to write
-        patch = RunPatch(status="failed", error=RunError(message=WATCHDOG_MESSAGE, code=WATCHDOG_CODE))
-        if not is_terminal_status(current.status):
-            patch = msgspec.structs.replace(patch, finished_at=now_ms())
-        await self.service.runs.update(run_id, patch, expected_epoch=current.driver_epoch)
+        error = RunError(message=WATCHDOG_MESSAGE, code=WATCHDOG_CODE)
+        await self.service.fail_run(run_id, error, settle_s=WATCHDOG_SETTLE_S)
 
     async def sweep(self) -> SweepResult:
         """Adopt detached runs nobody drives (the service's takeover path); never raises."""
@@ -146,7 +151,8 @@ class Scheduler:
         except Exception as exc:
             log.error("sweep: listing detached runs failed: %s", redact(str(exc)))
             return result
-        for record in listed[: max(self.max_runs, 0)]:
+        budget = max(self.max_runs, 0)
+        for record in listed[:budget]:
             result.considered += 1
             if record.run_id in self.service.active_runs:
                 result.driven_here += 1
@@ -162,7 +168,48 @@ class Scheduler:
                 result.run_ids.append(record.run_id)
             else:
                 result.not_adopted += 1
+        await self._adopt_orphans(result, budget - result.considered, {r.run_id for r in listed})
         return result
+
+    async def _adopt_orphans(self, result: SweepResult, budget: int, seen: set[str]) -> None:
+        """Running runs whose replica died (no detach stamp, no live lease): adopted like the detached ones."""
+        list_running = getattr(self.service.runs, "list_running", None)
+        if budget <= 0 or not callable(list_running):
+            return
+        try:
+            running: list[RunRecord] = list(await list_running(ORPHAN_SCAN))
+        except Exception as exc:
+            log.error("sweep: listing running runs failed: %s", redact(str(exc)))
+            return
+        here = set(self.service.active_runs)
+        candidates = [
+            r
+            for r in running
+            if r.run_id not in seen
+            and r.run_id not in here
+            and r.detached_since is None
+            and r.cancel_requested is not True
+            # Never claimed: its driver is still on its way to the claim (or it is not durable).
+            and r.driver_epoch is not None
+        ]
+        # Live runs of other replicas are among them: a random pick lets later sweeps reach the rest.
+        picked = random.sample(candidates, min(budget, len(candidates)))
+        if not picked:
+            return
+        outcomes = await asyncio.gather(
+            *(self.service.attach(r.run_id, wait_s=ORPHAN_PROBE_S) for r in picked), return_exceptions=True
+        )
+        for record, outcome in zip(picked, outcomes, strict=True):
+            result.considered += 1
+            result.orphans_probed += 1
+            if isinstance(outcome, BaseException):
+                log.warning("sweep: run %r: %s", record.run_id, redact(f"{type(outcome).__name__}: {outcome}"))
+                result.failed += 1
+            elif outcome.driving:
+                result.adopted += 1
+                result.run_ids.append(record.run_id)
+            else:
+                result.not_adopted += 1
 
 
 __all__ = ["WATCHDOG_CODE", "WATCHDOG_MESSAGE", "Scheduler", "SweepResult"]

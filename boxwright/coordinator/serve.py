@@ -24,6 +24,7 @@ CLIENT_TOKEN_ENV: Final = "BOXWRIGHT_CLIENT_TOKEN"
 ADMIN_TOKEN_ENV: Final = "BOXWRIGHT_ADMIN_TOKEN"
 PUBLIC_ORIGIN_ENV: Final = "BOXWRIGHT_PUBLIC_ORIGIN"
 STORE_ENV: Final = "BOXWRIGHT_STORE"
+RUNNER_SECRET_ENV: Final = "BOXWRIGHT_RUNNER_SECRET"
 # Open SSE tails would hold a graceful shutdown forever: they get this long, then the lifespan drains.
 GRACEFUL_SHUTDOWN_S: Final = 3
 
@@ -55,6 +56,7 @@ def with_overrides(config: CoordinatorConfig, **given: Any) -> CoordinatorConfig
         "admin_token": os.environ.get(ADMIN_TOKEN_ENV),
         "public_origin": os.environ.get(PUBLIC_ORIGIN_ENV),
         "store_url": os.environ.get(STORE_ENV),
+        "runner_secret": os.environ.get(RUNNER_SECRET_ENV),
     }
     chosen = {k: v for k, v in given.items() if v is not None}
     changes: dict[str, Any] = dict(chosen)

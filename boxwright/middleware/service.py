@@ -45,13 +45,16 @@ from boxwright.errors import (
     RunThreadMismatchError,
     ThreadBusyError,
 )
-from boxwright.events import Event, now_ms
+from boxwright.events import Event, RunErrorEvent, now_ms
 from boxwright.file_hooks import RunFileHooks
 from boxwright.harnesses.base import Harness, Message
 from boxwright.ids import check_client_run_id, check_thread_id
 from boxwright.runs import (
+    ABORT_ERROR_CODES,
     RUN_CANCEL_REASON,
     EventLog,
+    RunError,
+    RunFailure,
     RunPatch,
     RunRecord,
     RunStore,
@@ -201,8 +204,12 @@ class RunSpec:
     session_id: str | None = None
     # ``"colocated"``: the runner in the container drives the harness; a takeover attaches to it.
     mode: RunMode = "host-driven"
-    # ``start_run(wrap=)`` for a triggered run (the coordinator records its profile choice with it).
+    # ``start_run(wrap=)`` for a triggered run.
     wrap: Callable[[AsyncIterator[Event], AbortController], AsyncIterator[Event]] | None = None
+    # The profile names chosen (never their values), kept on the run record: a takeover's request
+    # carries them back as ``metadata.sandbox`` / ``metadata.harness`` for the factory to rebuild the run.
+    sandbox_profile: str | None = None
+    harness_profile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -386,6 +393,8 @@ class SandboxService:
         session_id: str | None = None,
         mode: RunMode = "host-driven",
         wrap: Callable[[AsyncIterator[Event], AbortController], AsyncIterator[Event]] | None = None,
+        sandbox_profile: str | None = None,
+        harness_profile: str | None = None,
     ) -> str:
         """Record the run and start driving it in the background; returns its id at once.
 
@@ -395,6 +404,8 @@ class SandboxService:
         also when both requests come at once (the record's insert is atomic: one of them wins).
         ``wrap(events, abort)`` sees the agent's events before the log does, with the run's own
         cancel band (the AG-UI route ends a turn there when the agent calls a frontend tool).
+        ``sandbox_profile`` / ``harness_profile``: the names the factory chose, stored on the record
+        (names only) so a takeover rebuilds the run with them (``metadata.sandbox`` / ``.harness``).
         """
         run_id = check_run_id(run_id or uuid.uuid4().hex)
         check_thread_id(thread_id)
@@ -428,6 +439,11 @@ class SandboxService:
                 # The record exists before any provisioning, so a cancel or a tail finds the run at once.
                 # An atomic insert: of requests racing for one id (other threads, other processes), one wins.
                 await create_run(self.runs, run_id, thread_id)
+                if sandbox_profile is not None or harness_profile is not None:
+                    # Before the drive starts (and so before any claim a successor could take over).
+                    await self.runs.update(
+                        run_id, RunPatch(sandbox_profile=sandbox_profile, harness_profile=harness_profile)
+                    )
             except RunExistsError as exc:
                 self._unregister(run_id, entry)
                 if exc.thread_id != thread_id:
@@ -462,6 +478,7 @@ class SandboxService:
             runner_secret=self._runner_secret,
             tool_exec=self.tool_exec,
         )
+        events = _failing_as_told(events, abort.signal)
         if wrap is not None:
             events = wrap(events, abort)
         if active is not None:
@@ -556,6 +573,42 @@ class SandboxService:
         """Ids of the runs this process is driving now (started here or taken over)."""
         return list(self._here)
 
+    @property
+    def driving_runs(self) -> list[str]:
+        """``active_runs`` but takeovers still waiting for another live driver's lease (not driven here yet)."""
+        return [run_id for run_id, entry in self._here.items() if not entry.takeover or entry.claim_of() is not None]
+
+    async def fail_run(self, run_id: str, error: RunError, *, settle_s: float = 30.0) -> RunRecord | None:
+        """Stop ``run_id``, driven here, as a cancel does (its sandbox destroyed) and end it ``failed`` with ``error``.
+
+        The driver writes the one final status (``failed``, never ``aborted`` first); the cancel is
+        recorded after it ended, since a flag its claim's watcher saw earlier would end it as a plain
+        cancel. A driver that has not ended in ``settle_s`` seconds gets the failure written for it, at
+        its epoch. Returns the record; a run not driven here is left alone (its own driver watches it).
+        """
+        entry = self._here.get(run_id)
+        if entry is None or entry.task is None:
+            return await self.runs.get(run_id)
+        entry.abort.abort(RunFailure(error))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(settle_s):
+                await asyncio.wait({entry.task})
+        current = await self.runs.get(run_id)
+        if current is None:
+            return None
+        if not is_terminal_status(current.status):
+            claim = entry.claim_of() if entry.takeover else None
+            epoch = claim.epoch if claim is not None else current.driver_epoch
+            log.warning("run %r: its driver did not end in %.0f s; recording its failure for it", run_id, settle_s)
+            with contextlib.suppress(EpochFencedError):
+                current = (
+                    await self.runs.update(
+                        run_id, RunPatch(status="failed", error=error, finished_at=now_ms()), expected_epoch=epoch
+                    )
+                    or current
+                )
+        return await request_run_cancel(self.runs, run_id) or current
+
     async def cancel_run(self, run_id: str) -> RunRecord | None:
         """Stop ``run_id`` for good: record the cancel, abort it here if it runs here.
 
@@ -622,8 +675,12 @@ class SandboxService:
                 self._unregister(run_id, entry)
                 return False
             entry.thread_id = record.thread_id
+            # The profiles the run was started with (names from its record): R4 keeps metadata unstored.
+            chosen = {"sandbox": record.sandbox_profile, "harness": record.harness_profile}
+            metadata = {k: v for k, v in chosen.items() if v is not None} or None
             spec = await _spec_for(
-                self, StartRunRequest(prompt=RESUMED_PROMPT, thread_id=record.thread_id, run_id=run_id)
+                self,
+                StartRunRequest(prompt=RESUMED_PROMPT, thread_id=record.thread_id, run_id=run_id, metadata=metadata),
             )
         except BaseException:
             self._unregister(run_id, entry)
@@ -658,7 +715,7 @@ class SandboxService:
                 runner_secret=self._runner_secret,
                 tool_exec=self.tool_exec,
             )
-            return align_to_stored_log(events, stored, out_of_band=is_out_of_band)
+            return _failing_as_told(align_to_stored_log(events, stored, out_of_band=is_out_of_band), entry.abort.signal)
 
         driver = sandbox_run_driver(
             self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms, after_terminal=cleanup
@@ -848,6 +905,8 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
                 session_id=spec.session_id,
                 mode=spec.mode,
                 wrap=spec.wrap,
+                sandbox_profile=spec.sandbox_profile,
+                harness_profile=spec.harness_profile,
             )
         except RunThreadMismatchError as exc:
             # Named, so the client that lost a race for its run id knows whose run it is.
@@ -1008,6 +1067,18 @@ RESUMED_PROMPT = "(resumed from the run journal)"
 
 def _no_replay(run_id: str, thread_id: str, signal: AbortSignal) -> AsyncIterator[Event]:
     raise RuntimeError(f"run {run_id!r}: this driver starts runs; taking one over needs a replaying drive")
+
+
+async def _failing_as_told(events: AsyncIterator[Event], signal: AbortSignal) -> AsyncIterator[Event]:
+    """``events``, the agent's report of its own abort (a RUN_ERROR coded cancelled or aborted) restated
+    as the failure the abort reason carries (``RunFailure``, ``fail_run``), so the log and the record
+    say why the run was stopped, and its status is written once."""
+    async with contextlib.aclosing(events):  # type: ignore[type-var]
+        async for event in events:
+            reason = signal.reason if signal.aborted else None
+            if isinstance(reason, RunFailure) and isinstance(event, RunErrorEvent) and event.code in ABORT_ERROR_CODES:
+                event = msgspec.structs.replace(event, message=reason.error.message, code=reason.error.code)
+            yield event
 
 
 async def _contained(work: Coroutine[Any, Any, T], name: str) -> T | None:

@@ -198,6 +198,10 @@ class MemoryRunStore:
         ]
         return [_detached(r) for r in sorted(matching, key=lambda r: r.detached_since or 0)]
 
+    async def list_running(self, limit: int) -> list[RunRecord]:
+        matching = [r for r in self._records.values() if r.status == "running"]
+        return [_detached(r) for r in sorted(matching, key=lambda r: r.started_at)[: max(limit, 0)]]
+
 
 class _MemoryLog:
     __slots__ = ("changed", "closed", "entries")

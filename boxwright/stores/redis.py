@@ -416,9 +416,9 @@ class RedisLockStore:
 #
 # A record is the hash <prefix>run:<id>: one field per set RunRecord field (an absent field is
 # None), plus "order", a per-database creation counter and the run id ("<20 digits>:<id>"), the
-# member under which the run is indexed. Indexes: <prefix>thread:<thread> (score started_at) and
-# <prefix>detached (score detached_since, only running runs); equal scores sort by member, so by
-# creation, as SQLite's rowid does.
+# member under which the run is indexed. Indexes: <prefix>thread:<thread> (score started_at),
+# <prefix>detached (score detached_since, only running runs) and <prefix>running (score started_at,
+# only running runs); equal scores sort by member, so by creation, as SQLite's rowid does.
 
 _ORDER_WIDTH = 20
 
@@ -428,6 +428,7 @@ local order = string.format('%020d', redis.call('INCR', KEYS[2])) .. ':' .. ARGV
 redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'thread_id', ARGV[2], 'status', 'running',
   'started_at', ARGV[3], 'updated_at', ARGV[4], 'order', order)
 redis.call('ZADD', KEYS[3], ARGV[3], order)
+redis.call('ZADD', KEYS[4], ARGV[3], order)
 return {1, redis.call('HGETALL', KEYS[1])}
 """
 
@@ -444,10 +445,16 @@ for i = 2, #ARGV, 2 do
 end
 local order = redis.call('HGET', KEYS[1], 'order')
 local detached = redis.call('HGET', KEYS[1], 'detached_since')
-if detached and redis.call('HGET', KEYS[1], 'status') == 'running' then
+local running = redis.call('HGET', KEYS[1], 'status') == 'running'
+if detached and running then
   redis.call('ZADD', KEYS[2], detached, order)
 else
   redis.call('ZREM', KEYS[2], order)
+end
+if running then
+  redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[1], 'started_at'), order)
+else
+  redis.call('ZREM', KEYS[3], order)
 end
 return {'ok', redis.call('HGETALL', KEYS[1])}
 """
@@ -492,6 +499,8 @@ def _run_from_hash(fields: dict[str, str]) -> RunRecord:
         # Absent (never set) and "0" (explicitly False) are different answers.
         cancel_requested=None if cancel is None else cancel == "1",
         driver_epoch=integer("driver_epoch"),
+        sandbox_profile=fields.get("sandbox_profile"),
+        harness_profile=fields.get("harness_profile"),
     )
 
 
@@ -537,7 +546,12 @@ class RedisRunStore:
         reply = await self._db.run(
             "create run",
             self._db.script(_CREATE_LUA)(
-                keys=[self._run_key(run_id), self._db.key("run-counter"), self._db.key("thread", thread_id)],
+                keys=[
+                    self._run_key(run_id),
+                    self._db.key("run-counter"),
+                    self._db.key("thread", thread_id),
+                    self._db.key("running"),
+                ],
                 args=[run_id, thread_id, now if started_at is None else started_at, now],
             ),
         )
@@ -562,7 +576,9 @@ class RedisRunStore:
         args += ["updated_at", f"={_now_ms()}"]
         reply = await self._db.run(
             "update run",
-            self._db.script(_UPDATE_LUA)(keys=[self._run_key(run_id), self._db.key("detached")], args=args),
+            self._db.script(_UPDATE_LUA)(
+                keys=[self._run_key(run_id), self._db.key("detached"), self._db.key("running")], args=args
+            ),
         )
         if reply is None:
             return None
@@ -597,6 +613,15 @@ class RedisRunStore:
             for r in await self._records(members)
             if r.status == "running" and r.detached_since is not None and r.detached_since <= cutoff
         ]
+
+    async def list_running(self, limit: int) -> list[RunRecord]:
+        # Indexed since this index exists: a run created by an older version is found once it is updated.
+        if limit <= 0:
+            return []
+        members: list[bytes] = await self._db.run(
+            "list running runs", self._db.client.zrange(self._db.key("running"), 0, limit - 1)
+        )
+        return [r for r in await self._records(members) if r.status == "running"]
 
 
 # -- event logs -----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import secrets
 import sqlite3
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -162,11 +162,28 @@ class SqliteDatabase:
                     # a second cancellation cannot leave the shared connection inside a transaction.
                     await asyncio.shield(_rollback(conn))
 
-    async def ensure_schema(self, ddl: str) -> None:
-        """Run an idempotent ``CREATE ... IF NOT EXISTS`` once per database object."""
+    async def ensure_schema(self, ddl: str, *, added: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> None:
+        """Run an idempotent ``CREATE ... IF NOT EXISTS`` once per database object.
+
+        ``added``: columns (name, type) by table that a database made by an older version lacks;
+        each missing one is added. The DDL's indexes may use them, so the tables are created (and
+        migrated) before the rest of the script runs.
+        """
         if ddl in self._schemas:
             return
         async with self.connection() as conn:
+            if added:
+                for table, columns in added.items():
+                    rows = await conn.execute_fetchall(f"PRAGMA table_info({table})")
+                    present = {row[1] for row in rows}
+                    for name, kind in columns:
+                        if present and name not in present:
+                            try:
+                                await conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+                            except sqlite3.OperationalError as exc:
+                                # Another process on the file added it first.
+                                if "duplicate column" not in str(exc):
+                                    raise
             await conn.executescript(ddl)
         self._schemas.add(ddl)
 
@@ -422,10 +439,13 @@ CREATE TABLE IF NOT EXISTS runs (
     sandbox_key TEXT,
     detached_since INTEGER,
     cancel_requested INTEGER,
-    driver_epoch INTEGER
+    driver_epoch INTEGER,
+    sandbox_profile TEXT,
+    harness_profile TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_thread ON runs (thread_id, started_at);
 CREATE INDEX IF NOT EXISTS runs_detached ON runs (detached_since) WHERE detached_since IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_running ON runs (started_at) WHERE status = 'running';
 CREATE TABLE IF NOT EXISTS run_logs (
     id INTEGER PRIMARY KEY,
     run_id TEXT NOT NULL UNIQUE,
@@ -439,9 +459,11 @@ CREATE TABLE IF NOT EXISTS run_log_events (
 ) WITHOUT ROWID;
 """
 
+# Columns added after a database may have been created: added (ALTER TABLE) when missing.
+_RUNS_ADDED = {"runs": (("sandbox_profile", "TEXT"), ("harness_profile", "TEXT"))}
 _RUN_COLUMNS = (
     "run_id, thread_id, status, started_at, updated_at, finished_at, error_message, error_code, usage, "
-    "sandbox_key, detached_since, cancel_requested, driver_epoch"
+    "sandbox_key, detached_since, cancel_requested, driver_epoch, sandbox_profile, harness_profile"
 )
 _usage_decoder = msgspec.json.Decoder(TokenUsage)
 
@@ -461,6 +483,8 @@ def _run_from_row(row: Sequence[Any]) -> RunRecord:
         detached_since,
         cancel_requested,
         driver_epoch,
+        sandbox_profile,
+        harness_profile,
     ) = row
     if not is_run_status(status):
         raise InvalidRunStatusError(run_id, status)
@@ -478,6 +502,8 @@ def _run_from_row(row: Sequence[Any]) -> RunRecord:
         # NULL (never set) and 0 (explicitly False) are different answers.
         cancel_requested=None if cancel_requested is None else bool(cancel_requested),
         driver_epoch=driver_epoch,
+        sandbox_profile=sandbox_profile,
+        harness_profile=harness_profile,
     )
 
 
@@ -508,7 +534,7 @@ class SqliteRunStore:
         self._db = db
 
     async def _query(self, sql: str, params: Sequence[Any]) -> list[RunRecord]:
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         async with self._db.connection() as conn:
             rows = list(await conn.execute_fetchall(sql, params))
         return [_run_from_row(row) for row in rows]
@@ -520,7 +546,7 @@ class SqliteRunStore:
     async def create_or_resume(self, run_id: str, thread_id: str, *, started_at: int | None = None) -> RunRecord:
         check_run_id(run_id)
         check_thread_id(thread_id)
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         now = _now_ms()
         async with self._db.transaction() as conn:
             # INSERT OR IGNORE, never an upsert: a finished run asked for again must stay finished.
@@ -540,7 +566,7 @@ class SqliteRunStore:
         """
         check_run_id(run_id)
         check_thread_id(thread_id)
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         now = _now_ms()
         async with self._db.transaction() as conn:
             cursor = await conn.execute(
@@ -560,7 +586,7 @@ class SqliteRunStore:
         columns, values = _set_clause(changes)
         columns.append("updated_at = ?")
         values.append(_now_ms())
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         async with self._db.transaction() as conn:
             if expected_epoch is not None:
                 rows = list(await conn.execute_fetchall("SELECT driver_epoch FROM runs WHERE run_id = ?", (run_id,)))
@@ -593,6 +619,12 @@ class SqliteRunStore:
             f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = 'running' AND detached_since IS NOT NULL "
             "AND detached_since <= ? ORDER BY detached_since, rowid",
             (now_ms - ttl_ms,),
+        )
+
+    async def list_running(self, limit: int) -> list[RunRecord]:
+        return await self._query(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = 'running' ORDER BY started_at, rowid LIMIT ?",
+            (max(limit, 0),),
         )
 
 
@@ -706,7 +738,7 @@ class SqliteEventLog:
         if not events:
             return []
         blobs = [encode_event(event) for event in events]
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         async with self._db.transaction() as conn:
             state = list(await conn.execute_fetchall(_APPEND_STATE_SQL, (run_id,)))
             driver_epoch, log_id, closed, last_seq = state[0]
@@ -729,7 +761,7 @@ class SqliteEventLog:
         return [format_offset(run_id, seq) for seq in range(first, first + len(blobs))]
 
     async def _state(self, run_id: str) -> tuple[int | None, bool, int]:
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         async with self._db.connection() as conn:
             rows = list(await conn.execute_fetchall(_LOG_STATE_SQL, (run_id,)))
         if not rows:
@@ -762,7 +794,7 @@ class SqliteEventLog:
                 position = last_seq
             elif position > last_seq:
                 raise offset_never_issued(run_id, after, last_seq)
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         while signal is None or not signal.aborted:
             changed = self._notifier.generation()
             closed, rows = await self._fetch(run_id, position)
@@ -780,7 +812,7 @@ class SqliteEventLog:
 
     async def snapshot(self, run_id: str, limit: int | None = None) -> list[Event]:
         check_run_id(run_id)
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         async with self._db.connection() as conn:
             rows = await conn.execute_fetchall(
                 "SELECT e.event FROM run_logs AS l JOIN run_log_events AS e ON e.log_id = l.id "
@@ -795,7 +827,7 @@ class SqliteEventLog:
 
     async def close(self, run_id: str) -> None:
         check_run_id(run_id)
-        await self._db.ensure_schema(_RUNS_DDL)
+        await self._db.ensure_schema(_RUNS_DDL, added=_RUNS_ADDED)
         async with self._db.transaction() as conn:
             await conn.execute(
                 "INSERT INTO run_logs (run_id, closed) VALUES (?, 1) ON CONFLICT(run_id) DO UPDATE SET closed = 1",

@@ -50,6 +50,7 @@ from ..runs import (
     EventLog,
     RunError,
     RunListing,
+    RunningListing,
     RunPatch,
     RunStatus,
     RunStore,
@@ -328,6 +329,35 @@ async def case_a36_list_reclaimable(runs: RunStore) -> None:
     _equal(sorted(found), sorted(["past", "at-cutoff", "cutoff-plus-1", "detached-now"]), "reclaimable with ttl_ms=0")
 
 
+async def case_profile_names_round_trip(runs: RunStore) -> None:
+    """The profile names a run was started with are kept alongside the other fields, and cleared by None."""
+    record = await runs.create_or_resume("run-p", "thread-1")
+    _equal((record.sandbox_profile, record.harness_profile), (None, None), "profiles of a fresh record")
+    written = await runs.update("run-p", RunPatch(sandbox_profile="docker", harness_profile="claude-box"))
+    _equal(await runs.get("run-p"), written, "record from get vs the one update returned")
+    later = await runs.update("run-p", RunPatch(driver_epoch=1, detached_since=5))
+    _equal((later and later.sandbox_profile, later and later.harness_profile), ("docker", "claude-box"), "kept")
+    cleared = await runs.update("run-p", RunPatch(harness_profile=None))
+    _equal((cleared and cleared.sandbox_profile, cleared and cleared.harness_profile), ("docker", None), "cleared")
+
+
+async def case_list_running(runs: RunStore) -> None:
+    """``list_running``: running runs only (any detach), oldest started_at first, at most ``limit``."""
+    _expect(isinstance(runs, RunningListing), f"{runs!r} lacks list_running")
+    listing = cast(RunningListing, runs)
+    _equal(await listing.list_running(10), [], "running runs of an empty store")
+    for run_id, started in (("run-3", 3_000), ("run-1", 1_000), ("run-2", 2_000), ("run-0", 500)):
+        await runs.create_or_resume(run_id, "thread-1", started_at=started)
+    await runs.update("run-2", RunPatch(detached_since=2_500))
+    await runs.update("run-0", RunPatch(status="completed"))
+    await runs.create_or_resume("run-i", "thread-1", started_at=100)
+    await runs.update("run-i", RunPatch(status="interrupted"))
+    _equal([r.run_id for r in await listing.list_running(10)], ["run-1", "run-2", "run-3"], "running runs")
+    _equal([r.run_id for r in await listing.list_running(2)], ["run-1", "run-2"], "at most limit")
+    await runs.update("run-1", RunPatch(status="failed"))
+    _equal([r.run_id for r in await listing.list_running(10)], ["run-2", "run-3"], "after one ended")
+
+
 async def case_r41_list_by_thread(runs: RunStore) -> None:
     """R41: list_by_thread gives every run of the thread, oldest started_at first, any status."""
     listing = cast(RunListing, runs)
@@ -460,6 +490,8 @@ RUN_STORE_CASES: tuple[tuple[str, RunStoreCase], ...] = (
     ("test_a35_false_survives", case_a35_false_survives),
     ("test_a36_list_reclaimable", case_a36_list_reclaimable),
     ("test_r41_list_by_thread", case_r41_list_by_thread),
+    ("test_profile_names_round_trip", case_profile_names_round_trip),
+    ("test_list_running", case_list_running),
     ("test_r45_statuses", case_r45_statuses),
     ("test_r46_cancel_request", case_r46_cancel_request),
     ("test_d3_fenced_update", case_d3_fenced_update),
