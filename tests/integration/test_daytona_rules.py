@@ -1,4 +1,4 @@
-"""Daytona's seed rules, one test each, on the real ``daytona`` SDK against the fake (tests/support/fake_cloud/daytona.py).
+"""Daytona's seed rules, one test each, on the real ``daytona`` SDK against its fake (fake_cloud/daytona.py).
 
 Secrets become organization Secrets (the sandbox sees placeholders; no value in the
 create record or a command string; per-command values arrive through an uploaded file);
