@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from boxwright.abort import AbortController
-from boxwright.agent import run_agent
+from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import EnsureContext, Lifecycle, define_sandbox
 from boxwright.events import (
     CustomEvent,
@@ -326,3 +326,36 @@ def test_cancelled_acp_run_leaves_no_process(agent: str, kind: str, tmp_path: Pa
     assert _none_left(tmp_path) == []
     base = tmp_path / "sandboxes"
     assert not base.exists() or os.listdir(base) == [], "a cancelled run destroys its sandbox"
+
+
+def test_a_journaled_acp_run_in_bubblewrap_talks_through_the_relay(tmp_path: Path, origin: Path) -> None:
+    # Every bubblewrap command has its own pid namespace: the relay, not a pid, stops the agent (relay.py).
+    agent = "claude-agent-acp"
+    home = tmp_path / "home"
+    home.mkdir()
+    with _model({"edit": [_shell(agent, EDIT), Text("I edited it.")]}) as model:
+        sandbox = define_sandbox(
+            "acp",
+            _provider("bubblewrap", tmp_path, origin),
+            define_workspace(source=git_source(f"file://{origin}")),
+            lifecycle=Lifecycle(destroy_on_complete=True),
+        )  # type: ignore[arg-type]
+        events = asyncio.run(
+            _collect(
+                run_agent(
+                    sandbox,
+                    _harness(agent, model, home, kind="bubblewrap"),
+                    "[[script:edit]] change the greeting in README.md",
+                    thread_id="t-relay",
+                    run_id=f"r-relay-{tmp_path.name}",
+                    store=MemoryInstanceStore(),
+                    journal=JournalOptions(),
+                )
+            )
+        )
+    types = _types(events)
+    assert types[-1] == "RUN_FINISHED" and "RUN_ERROR" not in types, events[-1]
+    assert types.count("TOOL_CALL_START") == 1 and types.count("TOOL_CALL_RESULT") == 1
+    diff = next(e for e in events if isinstance(e, CustomEvent) and e.name == "file.changed").value["diff"]
+    assert "+hello from acp" in diff
+    assert _none_left(tmp_path) == []
