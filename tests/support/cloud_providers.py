@@ -137,9 +137,41 @@ def _daytona_live(logger: RecordingLogger) -> Any:
     return daytona_sandbox(logger=logger, labels={"boxwright.test": "1"}, ephemeral=True)
 
 
+# -- Blaxel ---------------------------------------------------------------------------------------
+
+
+def blaxel_fake() -> Any:
+    from tests.support.fake_cloud.blaxel import FakeBlaxel
+
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # the SDK's telemetry has no business in tests
+    return running_fake("blaxel", lambda: FakeBlaxel(BASE_IMAGE))
+
+
+def blaxel_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """A ``blaxel_sandbox`` pointed at the running fake (the SDK's auth is process-global: one workspace)."""
+    from boxwright.providers.blaxel import blaxel_sandbox
+
+    fake = blaxel_fake()
+    extra.setdefault("api_key", fake.api_key)
+    extra.setdefault("workspace", fake.workspace)
+    return blaxel_sandbox(
+        api_url=fake.api_url, region="us-pdx-1", logger=logger or RecordingLogger(),
+        labels={"boxwright.test": "1"}, **extra,
+    )
+
+
+def _blaxel_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.blaxel import blaxel_sandbox
+
+    return blaxel_sandbox(ttl="30m", logger=logger, labels={"boxwright.test": "1"})
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
+    "blaxel": CloudEntry(
+        "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), blaxel_fake_provider, _blaxel_live
+    ),
     "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
     "daytona": CloudEntry(
         "daytona",
