@@ -264,7 +264,8 @@ class BlaxelProcess:
         for kind, stream in (("O", self.stdout), ("E", self.stderr)):
             stream.feed(self._decoders[kind].decode(b"", final=True))
         if self._over:
-            self.stderr.feed(f"\nboxwright: an output stream passed {OUTPUT_LIMIT} bytes; the command was killed\n")
+            limit = self._handle.output_limit
+            self.stderr.feed(f"\nboxwright: an output stream passed {limit} bytes; the command was killed\n")
         self.stdout.close()
         self.stderr.close()
         if self._exit.done():
@@ -324,7 +325,8 @@ class BlaxelProcesses:
         process = BlaxelProcess(handle, pid_file)
         # `W` carries the wrapper so the supervisor's text stays free of values.
         env = {**handle.env.get(), **(opts.env or {}), "W": WRAPPER}
-        line = f"bash -c {quote(SUPERVISOR)} boxwright {quote(pid_file)} {quote(command)} {OUTPUT_LIMIT}"
+        limit = handle.output_limit
+        line = f"bash -c {quote(SUPERVISOR)} boxwright {quote(pid_file)} {quote(command)} {limit}"
         request = {
             "command": line,
             "env": env,
@@ -404,6 +406,7 @@ class BlaxelHandle:
         self.workdir = provider.workdir
         self.workspace_root = provider.workdir
         self.public_previews = provider.public_previews
+        self.output_limit = provider.output_limit
         self.capabilities = provider.capabilities()
         self.env = HandleEnv(env)
         self.process = BlaxelProcesses(self)
@@ -461,9 +464,11 @@ class BlaxelProvider:
         run_id: str | None = None,
         lease_seconds: float = DEFAULT_LEASE,
         api_url: str | None = None,
+        output_limit: int = OUTPUT_LIMIT,
         logger: Logger | None = None,
     ) -> None:
         self.api_key = api_key
+        self.output_limit = output_limit
         self.workspace = workspace
         self.image = image
         self.memory = memory
@@ -604,13 +609,16 @@ def blaxel_sandbox(
     run_id: str | None = None,
     lease_seconds: float = DEFAULT_LEASE,
     api_url: str | None = None,
+    output_limit: int = OUTPUT_LIMIT,
     logger: Logger | None = None,
 ) -> BlaxelProvider:
     """A provider whose sandboxes are Blaxel VMs of ``image``.
 
     ``ttl`` (a Blaxel duration such as ``"1h"``) deletes a sandbox that long after create;
     ``None`` leaves its lifetime to you. ``api_url`` points the SDK's control-plane client at
-    another endpoint (tests); like the credentials it is global to the process.
+    another endpoint (tests); like the credentials it is global to the process. A command whose
+    stdout or stderr passes ``output_limit`` bytes (8 MiB) is killed and fails, so logs on the
+    provider's host cannot grow without bound.
     """
     return BlaxelProvider(
         api_key=api_key,
@@ -625,5 +633,6 @@ def blaxel_sandbox(
         run_id=run_id,
         lease_seconds=lease_seconds,
         api_url=api_url,
+        output_limit=output_limit,
         logger=logger,
     )
