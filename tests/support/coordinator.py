@@ -130,17 +130,19 @@ class CoordinatorProcess:
         env: dict[str, str] | None = None,
         port: int | None = None,
         startup_s: float = 30.0,
+        host: str = "127.0.0.1",
     ) -> None:
         self.name = name
         self.tmp = tmp
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # ``host``: the Docker bridge address when a container must call this replica back (co-located tools).
+        self.url = f"http://{host}:{self.port}"
         self.store = store or f"sqlite:///{tmp / 'coordinator.db'}"
         self.tool_log = tmp / "tool-calls.ndjson"
         self.stderr_path = tmp / f"{name}.stderr"
         self._stderr = open(self.stderr_path, "ab")  # closed in close()
         argv = [sys.executable, "-m", "boxwright", "serve", "--config", "tests.support.coordinator:test_config"]
-        argv += ["--store", self.store, "--host", "127.0.0.1", "--port", str(self.port)]
+        argv += ["--store", self.store, "--host", host, "--port", str(self.port)]
         full_env = {
             **os.environ,
             "BWT_AGENT": agent,
