@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgspec
@@ -324,3 +325,42 @@ def test_an_abort_sends_session_cancel_and_stops_the_agent(tmp_path: Path) -> No
     assert cancel == [{"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "sess-fake-1"}}]
     alive = subprocess.run(["pgrep", "-f", str(log)], capture_output=True, text=True).stdout.split()
     assert alive == [], "the agent was stopped (it never exits by itself)"
+
+
+def test_a_cancelled_journaled_acp_run_stops_its_relayed_agent(tmp_path: Path) -> None:
+    from boxwright.abort import AbortController
+    from boxwright.agent import JournalOptions
+
+    log = tmp_path / "client.ndjson"
+    harness = acp([sys.executable, str(FAKE_AGENT), str(log), "--hang"], name="fake-acp")
+    sandbox = define_sandbox(
+        "acp", local_process_sandbox(base_dir=tmp_path / "sb"), lifecycle=Lifecycle(destroy_on_complete=True)
+    )
+    controller = AbortController()
+
+    async def main() -> list[Event]:
+        events: list[Event] = []
+        async for event in run_agent(
+            sandbox,
+            harness,
+            "hi",
+            thread_id="t",
+            run_id="r-jc",
+            store=MemoryInstanceStore(),
+            signal=controller.signal,
+            journal=JournalOptions(),
+        ):
+            events.append(event)
+            if event.type == "REASONING_MESSAGE_CONTENT":
+                controller.abort("boxwright:cancel-requested")
+        return events
+
+    events = asyncio.run(asyncio.wait_for(main(), 30))
+    error = events[-1]
+    assert isinstance(error, RunErrorEvent) and error.code == "cancelled", error
+    deadline = time.monotonic() + 10
+    while (alive := subprocess.run(["pgrep", "-f", str(log)], capture_output=True, text=True).stdout.split()) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert alive == [], "the relay stopped the agent on the cancel"
