@@ -3,11 +3,12 @@
 Measured against OpenCode 1.18.33 (recordings in ``tests/fixtures/opencode``). Why ``run`` and not
 ``serve``: ``run`` is one process with its events on stdout, so it fits the sandbox contract as it is
 (spawn, stdin, stdout, kill; a journal for durable runs) with no port to publish out of the sandbox,
-and a turn through ``serve`` measured no faster once its start is counted (issue 16, loaded 2-core
-machine, fake model, same HOME: ``run`` 67-95 s per turn; ``serve`` 25-26 s to its ready line and 43-59 s
-to the end of its first turn; only a second turn on the already-warm server was quick, 3-11 s). A server
-kept warm across runs would also hold the session outside the journal, so a successor could not take it
-over. What the module leans on:
+and one turn through a fresh ``serve`` is no clear win once its start is counted (unloaded: ``run``
+2.4 s against 1.2 s to serve's ready line plus a 0.15-1.5 s turn; issue 16, on a 2-core machine at load
+14: ``run`` 67-95 s, serve 25-26 s to ready and 43-59 s to the end of its first turn, 2 samples each).
+Only a server kept warm across runs is quick (a second turn: 3-11 s there), and it would hold the
+session and its event stream outside the journal, where no successor can take a run over. So ``run``,
+for now. What the module leans on:
 
 - its config comes whole from ``OPENCODE_CONFIG_CONTENT`` (merged over the project's
   ``opencode.json``): the model provider (``provider``), the bridge as a ``remote`` MCP server with
