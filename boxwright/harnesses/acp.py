@@ -11,7 +11,14 @@ rejected and announced as ``approval-requested``), ``fs/read_text_file`` and
 Measured (harness-clis §5, and the recordings in tests/fixtures/acp): agents do not exit when
 stdin closes, so the conversation ends with a kill; claude-agent-acp sends a ``tool_call`` with an
 empty ``rawInput`` and the command in a later ``tool_call_update``; permission requests do not
-repeat the call's ``kind``. Not journaled (R5): a durable attach is refused by ``run_agent``.
+repeat the call's ``kind``.
+
+Durable (a deviation from R5/R6, which refuse ACP attaches): journaled, the agent runs under the
+in-sandbox relay (``relay.py``), and a successor joins the conversation with ``resume`` (what the
+earlier host sent, from the relay's inbox). The session id and the run's end are emitted by ``feed``
+as their answers are read, so a replay of the journal yields them where the first driver did. MCP
+servers given in ``session/new`` (the tool bridge) belong to the host that made the session: after a
+takeover the agent still calls the dead host's bridge.
 """
 
 from __future__ import annotations
