@@ -355,7 +355,7 @@ def test_httpagent_verifies_a_cancelled_run_and_a_failed_run(
         assert rebuilt(result["messages"]) == expected_messages([e for _, e in log])
     assert (record_row(db, cancelled) or {}).get("status") == "aborted"
     assert (record_row(db, failed) or {}).get("status") == "failed"
-    assert not _processes_with(f"sleep 600.{MARKER}")
+    wait_for("the cancelled tool's process gone", lambda: not _processes_with(f"sleep 600.{MARKER}"), 15)
 
 
 def test_httpagent_verifies_a_run_taken_over_by_a_second_process_mid_message(
