@@ -11,11 +11,13 @@ every event once and the run's completed status. The run used the non-default pr
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
@@ -71,6 +73,14 @@ def _calls(tmp: Path, name: str) -> list[dict[str, object]]:
     return [json.loads(line)["args"] for line in lines if line.strip()]
 
 
+def _probe(url: str, run_id: str, thread_id: str) -> int:
+    """The status of a host tool call on ``url``'s ``/tool-exec`` for the run with a wrong token (it runs nothing)."""
+    body = {"name": "record_call", "args": {"text": "intruder"}}
+    headers = {"Authorization": "Bearer bwt_not-the-run-token"}
+    answer = httpx.post(f"{url}/tool-exec/{run_id}", params={"threadId": thread_id}, json=body, headers=headers)
+    return answer.status_code
+
+
 def _frames_until(frames: list[tuple[str | None, str | None, str]], kind: str, nth: int) -> bool:
     types = [json.loads(data)["type"] for event, _, data in frames if event is None]
     return types.count(kind) >= nth
@@ -105,9 +115,16 @@ def test_colocated_host_tools_cross_back_through_tool_exec_and_a_takeover_repoin
                 before += got
             assert _calls(tmp_path, "a") == [{"text": "before"}], a.stderr()
             boxes += labelled_containers(f"{CASE_LABEL}={case}")
+            # A's own /tool-exec holds the run's grant (a wrong token: 401, nothing run); B holds none yet.
+            assert (_probe(a.url, run, thread), _probe(b.url, run, thread)) == (401, 404)
             a.kill()
             failures = f"A: {a.stderr()[-3000:]}\nB: {b.stderr()[-3000:]}"
-            after = sse_events(b.url, run, thread, last_event_id=before[-1][1], timeout=180)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                tail = pool.submit(sse_events, b.url, run, thread, last_event_id=before[-1][1], timeout=180)
+                # B's drive registered the run on B's /tool-exec and re-pointed the runner there.
+                wait_for("B's tool-exec grant", lambda: tail.done() or _probe(b.url, run, thread) == 401, 120, 0.1)
+                assert not tail.done(), "the run ended before B held a grant"
+                after = tail.result()
             failures = f"A: {a.stderr()[-3000:]}\nB: {b.stderr()[-3000:]}"
             assert after[-1][0] == "status" and json.loads(after[-1][2])["status"] == "completed", (
                 after[-3:],
