@@ -166,12 +166,39 @@ def _blaxel_live(logger: RecordingLogger) -> Any:
     return blaxel_sandbox(ttl="30m", logger=logger, labels={"boxwright.test": "1"})
 
 
+# -- boxd -----------------------------------------------------------------------------------------
+
+
+def boxd_fake() -> Any:
+    from tests.support.fake_cloud.boxd import FakeBoxd
+
+    return running_fake("boxd", lambda: FakeBoxd(BASE_IMAGE))
+
+
+def boxd_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """A ``boxd_sandbox`` pointed at the running fake (token mode: the fake serves no key exchange)."""
+    from boxwright.providers.boxd import boxd_sandbox
+
+    fake = boxd_fake()
+    extra.setdefault("token", fake.token)
+    return boxd_sandbox(
+        base_url=fake.base_url, logger=logger or RecordingLogger(), labels={"boxwright.test": "1"}, **extra
+    )
+
+
+def _boxd_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.boxd import boxd_sandbox
+
+    return boxd_sandbox(vcpu=1, auto_destroy_timeout=3600, logger=logger, labels={"boxwright.test": "1"})
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
     "blaxel": CloudEntry(
         "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), blaxel_fake_provider, _blaxel_live
     ),
+    "boxd": CloudEntry("boxd", "boxd", ("BOXD_API_KEY", "BOXD_ORG"), boxd_fake_provider, _boxd_live),
     "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
     "daytona": CloudEntry(
         "daytona",

@@ -1,0 +1,557 @@
+"""boxd: one KVM microVM per sandbox, on the official ``boxd`` SDK (``AsyncBoxd``, extra ``boxd``).
+
+Seed and spec §2.5, point by point:
+
+- Config: ``api_key``/``BOXD_API_KEY`` (or a ready ``token``/``BOXD_TOKEN``), ``org``/``BOXD_ORG``,
+  ``base_url``/``BOXD_BASE_URL``, ``vcpu`` 1, 2 or 4 (boxd sets memory from it), ``workdir``
+  (``/workspace`` maps to ``/home/boxd/workspace``), ``from_snapshot`` (a golden image made after
+  setup), ``auto_suspend_timeout`` and ``auto_destroy_timeout`` (a safety net for abandoned machines).
+- Every machine is created ``isolated`` (no boxd CLI, metadata endpoint or org peers in the VM), so
+  the API key never reaches the machine.
+- Secrets and per-command env: the SDK's exec has no env field (it would prefix ``K=v`` to the
+  command string), so the values travel on the command's stdin as one base64 line that a fixed
+  loader reads and exports before the command starts. No value is ever part of a command string.
+- Processes: ``spawn()`` is a streaming exec with split stdout/stderr and a writable stdin; the
+  command leads its own group under ``setsid`` and records it from inside. ``kill()`` runs a
+  second command that signals that group, KILLs what is left and checks nothing survived:
+  closing the stream alone is not a kill (the process survived it, seed). Hence
+  ``killable_processes`` and ``writable_stdin`` are true.
+- Snapshot = a boxd snapshot ``<machine>-<label>`` (memory and disk), awaited until restorable;
+  restore boots a new machine from it; fork is boxd's live fork; resume by id starts a stopped
+  machine and wakes a suspended or hibernated one; a destroyed one resumes as ``None``.
+- Ports: the machine's one public URL ``https://<name>.<domain>`` is pointed at the port by
+  ``connect`` (public: anyone with the URL reaches it).
+- Network deny is refused (no egress deny in the contract's sense): never silently dropped.
+- An abort or cancel during create or restore deletes the machine after the current SDK call.
+- Every machine carries boxwright's ownership labels (``list_owned`` finds them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import (
+    AbortError,
+    ProcessExitedError,
+    ProviderUnavailableError,
+    SandboxCommandError,
+    SandboxNotFoundError,
+    UnsupportedCapabilityError,
+)
+from ..git_exec import ExecGit
+from ..sandbox import (
+    Capabilities,
+    CreateInput,
+    DestroyInput,
+    ExecResult,
+    NetworkPolicy,
+    ProcessOptions,
+    RestoreInput,
+    ResumeInput,
+    SandboxChannel,
+    SnapshotRef,
+)
+from ..shell import quote
+from ._posix import HandleEnv, Logger, StdlibLogger
+from ._remote import (
+    DEFAULT_LEASE,
+    KILL_SCRIPT,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    NO_PID,
+    SURVIVED,
+    WRAPPER,
+    ShellFs,
+    TextChannel,
+    channel,
+    check_port,
+    map_path,
+    owner_id,
+    ownership,
+    script,
+)
+
+NAME = "boxd"
+API_KEY_ENV = "BOXD_API_KEY"
+TOKEN_ENV = "BOXD_TOKEN"
+ORG_ENV = "BOXD_ORG"
+BASE_URL_ENV = "BOXD_BASE_URL"
+DEFAULT_WORKDIR = "/home/boxd/workspace"
+INSTALL_HELP = "pip install 'boxwright[boxd]'"
+KEY_HELP = f"set {API_KEY_ENV} and {ORG_ENV} (https://boxd.sh) or pass boxd_sandbox(api_key=..., org=...)"
+SNAPSHOT_READY = frozenset({"ready", "available", "active"})
+SNAPSHOT_FAILED = frozenset({"failed", "error"})
+_KILL_CONFIRM = 10.0
+_SNAPSHOT_WAIT = 600.0
+
+# Reads one base64 line of `export K='v'` statements from stdin (values never in argv), then
+# starts $2 as the leader of its own group with the rest of stdin (the WRAPPER records the group).
+LAUNCH = (
+    'IFS= read -r E || exit 125; eval "$(printf %s "$E" | base64 -d)"; unset E; '
+    'exec 3<&0; setsid sh -c "$W" boxwright "$1" "$2" <&3 3<&- & p=$!; exec 3<&-; wait $p'
+)
+
+
+def _sdk() -> Any:
+    try:
+        import boxd  # type: ignore[import-untyped]
+    except ImportError as exc:  # the extra is optional
+        raise ProviderUnavailableError(NAME, "the `boxd` Python package is not installed", INSTALL_HELP) from exc
+    return boxd
+
+
+def _capabilities() -> Capabilities:
+    return Capabilities(
+        fs=True,
+        exec=True,
+        env=True,
+        ports=True,
+        background_processes=True,
+        writable_stdin=True,  # the streaming exec's stdin, half-closable (write_eof)
+        killable_processes=True,  # setsid group + in-VM group kill + survivor check; measured by the seed
+        snapshots=True,
+        network_policy=False,
+        durable_filesystem=True,  # the disk survives stop, suspend and hibernate
+        fork=True,
+    )
+
+
+def env_line(values: Mapping[str, str]) -> bytes:
+    """The loader's input: ``export K='v'`` lines, base64 on one line (keys checked, values quoted)."""
+    lines = []
+    for key, value in values.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"not an environment variable name: {key!r}")
+        lines.append(f"export {key}={quote(value)}")
+    return base64.b64encode("\n".join(lines).encode()) + b"\n"
+
+
+def machine_name(key: str | None) -> str:
+    if not key:
+        return f"bw-{uuid.uuid4().hex[:16]}"
+    name = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", key.lower())).strip("-")
+    return f"bw-{name}"[:48].rstrip("-")
+
+
+class _Stdin:
+    def __init__(self, process: BoxdProcess) -> None:
+        self._process = process
+        self._ended = False
+
+    async def write(self, data: str | bytes) -> None:
+        if self._ended:
+            raise ProcessExitedError(self._process.pid, "stdin was already ended (closed)")
+        if self._process.exited:
+            raise ProcessExitedError(self._process.pid, "the process exited; its stdin is closed")
+        await self._process.stream.write(data)
+
+    async def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            with contextlib.suppress(Exception):
+                await self._process.stream.write_eof()
+
+
+class BoxdProcess:
+    """``SpawnHandle`` over one streaming exec; ``kill`` signals the recorded group inside the VM."""
+
+    def __init__(self, handle: BoxdHandle, stream: Any, pid_file: str) -> None:
+        self._handle = handle
+        self.stream = stream
+        self.pid = -1  # the group id lives in the VM's pid file; the stream reports none
+        self.stdout = TextChannel()
+        self.stderr = TextChannel()
+        self.stdin = _Stdin(self)
+        self._pid_file = pid_file
+        self._kill: asyncio.Task[None] | None = None
+        self._exit: asyncio.Task[int] = asyncio.ensure_future(self._pump())
+        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    @property
+    def exited(self) -> bool:
+        return self._exit.done()
+
+    async def _pump(self) -> int:
+        import codecs
+
+        boxd = _sdk()
+        decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in range(2)]
+        try:
+            async for chunk in self.stream.iter_chunks():
+                index = 1 if chunk.is_stderr else 0
+                (self.stderr if index else self.stdout).feed(decoders[index].decode(chunk.data))
+            code = self.stream.exit_code
+            return int(code) if code is not None and code >= 0 else 128 + 9
+        except boxd.NotFoundError as exc:
+            if self._handle.destroyed:
+                return 128 + 9
+            raise SandboxNotFoundError(NAME, self._handle.id, "is gone") from exc
+        except boxd.BoxdError:
+            if self._handle.destroyed:
+                return 128 + 9  # the machine went with destroy(): its processes were killed
+            raise
+        finally:
+            self.stdout.feed(decoders[0].decode(b"", final=True))
+            self.stderr.feed(decoders[1].decode(b"", final=True))
+            self.stdout.close()
+            self.stderr.close()
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    def kill_soon(self) -> asyncio.Task[None]:
+        if self._kill is None:
+            self._kill = asyncio.ensure_future(self._do_kill())
+        return self._kill
+
+    async def kill(self, sig: int | None = None) -> None:
+        await asyncio.shield(self.kill_soon())
+
+    async def _do_kill(self) -> None:
+        if self.exited:
+            return
+        try:
+            result = await self._handle.plain(script("kill", KILL_SCRIPT, self._pid_file, "TERM"))
+        except Exception as exc:  # a gone machine: its processes went with it
+            if not self.exited:
+                self._handle.warn("could not run the kill script", {"error": repr(exc)})
+            result = None
+        if result is not None:
+            if SURVIVED in result.stderr:
+                self._handle.warn("processes survived SIGKILL", {"pidFile": self._pid_file})
+            elif NO_PID in result.stderr and not self.exited:
+                self._handle.warn("the process recorded no pid; it may still run", {"pidFile": self._pid_file})
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
+        if not self.exited:
+            with contextlib.suppress(Exception):
+                await self.stream.close()
+
+
+class BoxdProcesses:
+    def __init__(self, handle: BoxdHandle) -> None:
+        self._handle = handle
+        self.live: set[BoxdProcess] = set()
+
+    async def spawn(self, command: str, opts: ProcessOptions | None = None) -> BoxdProcess:
+        opts = opts or ProcessOptions()
+        if opts.signal is not None:
+            opts.signal.throw_if_aborted()
+        handle = self._handle
+        pid_file = f"/dev/shm/.boxwright-boxd-{uuid.uuid4().hex}.pid"
+        cwd = map_path(opts.cwd or "", handle.workdir)
+        line = f"cd {quote(cwd)} && sh -c {quote(LAUNCH)} boxwright {quote(pid_file)} {quote(command)}"
+        values = {**handle.env.get(), **(opts.env or {}), "W": WRAPPER}
+        stream = handle.client.machines.stream_exec(handle.id, command=line)
+        await stream.__aenter__()  # opens the bidi call, so stdin can be written
+        await stream.write(env_line(values))
+        process = BoxdProcess(handle, stream, pid_file)
+        self.live.add(process)
+        process._exit.add_done_callback(lambda _: self.live.discard(process))
+        if opts.signal is not None:
+
+            def on_abort(_reason: object) -> None:
+                process.kill_soon()
+
+            remove = opts.signal.add_listener(on_abort)
+            process._exit.add_done_callback(lambda _: remove())
+        return process
+
+    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
+        process = await self.spawn(command, opts)
+        await process.stdin.end()
+        try:
+            out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
+        except asyncio.CancelledError:
+            await process.kill()
+            raise
+        return ExecResult(stdout=out, stderr=err, exit_code=code)
+
+    async def kill_all(self) -> None:
+        live = list(self.live)
+        if live:
+            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
+
+
+async def _collect(stream: TextChannel) -> str:
+    return "".join([chunk async for chunk in stream])
+
+
+class BoxdPorts:
+    def __init__(self, handle: BoxdHandle) -> None:
+        self._handle = handle
+
+    async def connect(self, port: int) -> SandboxChannel:
+        check_port(port)
+        machines = self._handle.client.machines
+        await machines.proxies.set_port(self._handle.name, port)
+        machine = await machines.get(self._handle.id)
+        if not machine.access.url:
+            raise SandboxCommandError("ports", -1, f"boxd reported no public URL for {self._handle.name}")
+        return channel(machine.access.url)  # public: anyone with the URL reaches the port
+
+
+class BoxdHandle:
+    provider = NAME
+
+    def __init__(self, provider: BoxdProvider, machine: Any, env: Mapping[str, str] | None) -> None:
+        self._provider = provider
+        self.client = provider.client()
+        self.id = str(machine.id)
+        self.name = str(machine.name)
+        self.workdir = provider.workdir
+        self.workspace_root = provider.workdir
+        self.capabilities = provider.capabilities()
+        self.env = HandleEnv(env)
+        self.process = BoxdProcesses(self)
+        self.fs = ShellFs(self.plain, self.workdir)
+        self.git = ExecGit(self.process)
+        self.ports = BoxdPorts(self)
+        self.destroyed = False
+
+    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
+        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
+
+    async def plain(self, line: str) -> ExecResult:
+        """A helper command (fs op, kill script): no wrapper, no handle env."""
+        boxd = _sdk()
+        try:
+            result = await self.client.machines.exec(self.id, line, timeout=120)
+        except boxd.NotFoundError as exc:
+            raise SandboxNotFoundError(NAME, self.id, "is gone") from exc
+        return ExecResult(stdout=str(result.stdout), stderr=str(result.stderr), exit_code=int(result.exit_code))
+
+    async def snapshot(self, label: str | None = None) -> SnapshotRef:
+        tag = re.sub(r"[^a-z0-9-]", "-", (label or "snap").lower()).strip("-") or "snap"
+        name = f"{self.name}-{tag}-{uuid.uuid4().hex[:6]}"
+        snapshots = self.client.snapshots
+        await snapshots.create(self.id, name)
+        deadline = time.monotonic() + _SNAPSHOT_WAIT
+        while True:  # memory and disk are written out first: wait until it can be restored
+            info = await snapshots.get(name)
+            status = str(info.status).lower()
+            if status in SNAPSHOT_READY:
+                return SnapshotRef(id=name, label=label)
+            if status in SNAPSHOT_FAILED or time.monotonic() > deadline:
+                raise SandboxCommandError("snapshot", -1, f"boxd snapshot {name} is {status}")
+            await asyncio.sleep(0.5)
+
+    async def fork(self) -> BoxdHandle:
+        made = await self.client.machines.fork(self.id, machine_name(None), isolated=True)
+        await self.client.machines.wait_until_ready(made.id)
+        return BoxdHandle(self._provider, made, self.env.get())
+
+    async def destroy(self) -> None:
+        if not self.destroyed:
+            await self.process.kill_all()
+        self.destroyed = True
+        await self._provider.destroy(DestroyInput(id=self.id))
+
+
+class BoxdProvider:
+    name = NAME
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        token: str | None = None,
+        org: str | None = None,
+        base_url: str | None = None,
+        vcpu: int | None = None,
+        workdir: str = DEFAULT_WORKDIR,
+        from_snapshot: str | None = None,
+        auto_suspend_timeout: int | None = None,
+        auto_destroy_timeout: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        run_id: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE,
+        logger: Logger | None = None,
+    ) -> None:
+        if vcpu is not None and vcpu not in (1, 2, 4):
+            raise ValueError(f"boxd vcpu is 1, 2 or 4 (memory 4, 8 or 16 GiB), got {vcpu!r}")
+        self.api_key = api_key
+        self.token = token
+        self.org = org
+        self.base_url = base_url
+        self.vcpu = vcpu
+        self.workdir = workdir.rstrip("/") or "/"
+        self.from_snapshot = from_snapshot
+        self.auto_suspend_timeout = auto_suspend_timeout
+        self.auto_destroy_timeout = auto_destroy_timeout
+        self.labels = dict(labels or {})
+        self.run_id = run_id
+        self.lease_seconds = lease_seconds
+        self.logger: Logger = logger if logger is not None else StdlibLogger("boxwright.providers.boxd")
+        self.restore_snapshot = self._restore
+        self._clients: dict[int, Any] = {}
+
+    def capabilities(self) -> Capabilities:
+        return _capabilities()
+
+    def instance_identity(self) -> dict[str, object]:
+        """What shapes a sandbox of this provider: a change means a new sandbox."""
+        return {"vcpu": self.vcpu, "workdir": self.workdir, "from_snapshot": self.from_snapshot}
+
+    def client(self) -> Any:
+        """One SDK client per event loop (a gRPC channel belongs to the loop that made it)."""
+        boxd = _sdk()
+        loop = id(asyncio.get_running_loop())
+        made = self._clients.get(loop)
+        if made is None:
+            key = self.api_key or os.environ.get(API_KEY_ENV)
+            token = self.token or os.environ.get(TOKEN_ENV)
+            if not key and not token:
+                raise ProviderUnavailableError(NAME, f"no API key ({API_KEY_ENV} is not set)", KEY_HELP)
+            made = boxd.AsyncBoxd(api_key=key, token=token, base_url=self.base_url or os.environ.get(BASE_URL_ENV))
+            self._clients = {loop: made}
+        return made
+
+    def _org(self) -> str | None:
+        return self.org or os.environ.get(ORG_ENV)
+
+    async def create(self, input: CreateInput | None = None) -> BoxdHandle:
+        input = input or CreateInput()
+        return await self._create_from(self.from_snapshot, input.env, input.network, input.id, input)
+
+    async def _restore(self, input: RestoreInput) -> BoxdHandle:
+        return await self._create_from(input.snapshot_id, input.env, input.network, None, input)
+
+    async def _create_from(
+        self,
+        snapshot: str | None,
+        env: Mapping[str, str] | None,
+        network: NetworkPolicy | None,
+        key: str | None,
+        input: CreateInput | RestoreInput,
+    ) -> BoxdHandle:
+        signal = input.signal
+        if signal is not None:
+            signal.throw_if_aborted()
+        if network is not None and (network.mode == "deny" or network.allow_hosts):
+            raise UnsupportedCapabilityError(
+                NAME, "network_policy", "boxd machines keep their egress; leave the network capability unset"
+            )
+        client = self.client()
+        name = machine_name(key)
+        kwargs: dict[str, Any] = {
+            "org": self._org(),
+            "labels": ownership(key, self.run_id, self.lease_seconds, self.labels),
+            "vcpu": self.vcpu,
+            "auto_suspend_timeout": self.auto_suspend_timeout,
+            "auto_destroy_timeout": self.auto_destroy_timeout,
+            "isolated": True,  # no CLI, metadata endpoint or org peers: the key never reaches the VM
+        }
+        if snapshot:
+            kwargs["from_snapshot"] = snapshot
+        creating = asyncio.ensure_future(client.machines.create(name, **kwargs))
+        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
+        handle: BoxdHandle | None = None
+        try:
+            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if aborted is not None and aborted.done() and not creating.done():
+                raise AbortError(signal.reason if signal is not None else None)
+            machine = await creating
+            await client.machines.wait_until_ready(machine.id)
+            handle = BoxdHandle(self, machine, env)
+            made = await handle.plain(script("create", 'mkdir -p -- "$1"', self.workdir))
+            if made.exit_code != 0:
+                raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
+            if signal is not None:
+                signal.throw_if_aborted()
+            return handle
+        except BaseException:
+            # The machine is deleted after the current SDK call answered (seed).
+            await asyncio.shield(self._clean_up_create(creating, name))
+            raise
+        finally:
+            if aborted is not None:
+                aborted.cancel()
+
+    async def _clean_up_create(self, creating: asyncio.Future[Any], name: str) -> None:
+        machine = None
+        with contextlib.suppress(BaseException):
+            machine = await asyncio.wait_for(asyncio.shield(creating), 120)
+        with contextlib.suppress(Exception):
+            await self.destroy(DestroyInput(id=str(machine.id) if machine is not None else name))
+
+    async def resume(self, input: ResumeInput) -> BoxdHandle | None:
+        boxd = _sdk()
+        machines = self.client().machines
+        try:
+            machine = await machines.get(input.id)
+        except boxd.NotFoundError:
+            return None
+        status = str(machine.status).lower()
+        if status in ("destroyed", "destroying", "deleted", "failed"):
+            return None
+        if status == "stopped":
+            await machines.start(machine.id)
+        elif status in ("suspended", "paused"):
+            await machines.resume(machine.id)
+        elif status == "hibernated":
+            await machines.wake(machine.id)
+        if status != "running":
+            machine = await machines.wait_until_ready(machine.id)
+        return BoxdHandle(self, machine, None)
+
+    async def destroy(self, input: DestroyInput) -> None:
+        boxd = _sdk()
+        try:
+            await self.client().machines.delete(input.id)
+        except boxd.NotFoundError:
+            return  # already gone is success; other failures raise for the reaper
+
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[str]:
+        """Ids of this host's boxwright machines, for ``boxwright reap``."""
+        want = {LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})}
+        machines = await self.client().machines.list(org=self._org(), labels=want)
+        return [str(m.id) for m in machines]
+
+
+def boxd_sandbox(
+    *,
+    api_key: str | None = None,
+    token: str | None = None,
+    org: str | None = None,
+    base_url: str | None = None,
+    vcpu: int | None = None,
+    workdir: str = DEFAULT_WORKDIR,
+    from_snapshot: str | None = None,
+    auto_suspend_timeout: int | None = None,
+    auto_destroy_timeout: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    run_id: str | None = None,
+    lease_seconds: float = DEFAULT_LEASE,
+    logger: Logger | None = None,
+) -> BoxdProvider:
+    """A provider whose sandboxes are isolated boxd machines.
+
+    ``vcpu`` is 1, 2 or 4 (the org's default size when unset); ``from_snapshot`` boots every
+    new machine from a snapshot made after setup (it then sets the size). A machine stays
+    until destroyed: set ``auto_destroy_timeout`` (seconds) as a safety net.
+    """
+    return BoxdProvider(
+        api_key=api_key,
+        token=token,
+        org=org,
+        base_url=base_url,
+        vcpu=vcpu,
+        workdir=workdir,
+        from_snapshot=from_snapshot,
+        auto_suspend_timeout=auto_suspend_timeout,
+        auto_destroy_timeout=auto_destroy_timeout,
+        labels=labels,
+        run_id=run_id,
+        lease_seconds=lease_seconds,
+        logger=logger,
+    )
