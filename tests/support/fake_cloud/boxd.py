@@ -50,6 +50,7 @@ class Vm:
     machine: Machine
     labels: dict[str, str]
     vcpu: int
+    isolated: bool = False
     status: str = "running"
     port: int = 0
     created_at: int = field(default_factory=lambda: int(time.time()))
@@ -141,17 +142,19 @@ class FakeBoxd:
             vcpu=vm.vcpu,
             memory_bytes=vm.vcpu * 4 * 1024**3,
             disk_bytes=100 * 1000**3,
-            isolated=True,
+            isolated=vm.isolated,
             labels=vm.labels,
             created_at=vm.created_at,
         )
 
-    async def make(self, name: str, labels: dict[str, str], vcpu: int, image: str | None = None) -> Vm:
+    async def make(
+        self, name: str, labels: dict[str, str], vcpu: int, image: str | None = None, isolated: bool = False
+    ) -> Vm:
         if any(v.name == name for v in self.vms.values()):
             raise KeyError(name)
         vm_id = "vm_" + secrets.token_hex(8)
         machine = await self.cloud.create(image=image, sandbox_id=vm_id)
-        vm = Vm(vm_id, name, machine, dict(labels), vcpu or 2)
+        vm = Vm(vm_id, name, machine, dict(labels), vcpu or 2, isolated)
         self.vms[vm_id] = vm
         if self.create_delay:
             await asyncio.sleep(self.create_delay)
@@ -208,7 +211,7 @@ class _Api(pb_grpc.BoxdApiServicer):  # type: ignore[misc]
     async def CreateVm(self, request: Any, context: Any) -> Any:
         await self._auth(context, "CreateVm")
         try:
-            vm = await self.fake.make(request.name, dict(request.labels), request.config.vcpu)
+            vm = await self.fake.make(request.name, dict(request.labels), request.config.vcpu, None, request.isolated)
         except KeyError:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"machine {request.name} exists")
         return pb.CreateVmResponse(vm_id=vm.id, name=vm.name, status=vm.status, url=f"https://{vm.name}.{DOMAIN}")
@@ -220,7 +223,9 @@ class _Api(pb_grpc.BoxdApiServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.NOT_FOUND, f"snapshot not found: {request.snapshot}")
         assert snap is not None
         try:
-            vm = await self.fake.make(request.name, dict(request.labels), snap["vcpu"], image=snap["image"])
+            vm = await self.fake.make(
+                request.name, dict(request.labels), snap["vcpu"], image=snap["image"], isolated=request.isolated
+            )
         except KeyError:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"machine {request.name} exists")
         return pb.CreateVmResponse(vm_id=vm.id, name=vm.name, status=vm.status, url=f"https://{vm.name}.{DOMAIN}")
@@ -266,7 +271,8 @@ class _Api(pb_grpc.BoxdApiServicer):  # type: ignore[misc]
         source = await self._vm(request.source_vm_id, context)
         image = await self.fake.cloud.commit(source.machine, "boxwright-fake-boxd-fork")
         name = request.name or f"{source.name}-fork-{secrets.token_hex(3)}"
-        vm = await self.fake.make(name, {**source.labels, **dict(request.labels)}, source.vcpu, image=image)
+        labels = {**source.labels, **dict(request.labels)}
+        vm = await self.fake.make(name, labels, source.vcpu, image=image, isolated=source.isolated or request.isolated)
         return pb.ForkVmResponse(vm_id=vm.id, name=vm.name, status=vm.status, forked_from=source.id)
 
     async def CreateSnapshot(self, request: Any, context: Any) -> Any:
