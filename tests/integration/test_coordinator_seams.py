@@ -18,6 +18,7 @@ import httpx
 from boxwright.coordinator import CoordinatorConfig, StoreSet
 from boxwright.coordinator.scheduler import WATCHDOG_CODE, WATCHDOG_MESSAGE
 from boxwright.definition import define_sandbox
+from boxwright.events import RunErrorEvent
 from boxwright.harnesses.command import CommandHarness
 from boxwright.providers import local_process_sandbox
 from boxwright.runs import RunPatch
@@ -154,8 +155,37 @@ def test_the_watchdog_writes_failed_once_and_the_log_says_why(tmp_path: Path) ->
         assert record["error"] == {"message": WATCHDOG_MESSAGE, "code": WATCHDOG_CODE}, record
         assert set(seen) <= {"running", "failed"} and seen[-1] == "failed", sorted(set(seen))
         last = stored_events(db, run)[-1]
-        assert last.type == "RUN_ERROR" and (last.message, last.code) == (WATCHDOG_MESSAGE, WATCHDOG_CODE), last
+        assert isinstance(last, RunErrorEvent) and (last.message, last.code) == (WATCHDOG_MESSAGE, WATCHDOG_CODE), last
         assert not list((tmp_path / "local").glob("*")), "the idle run's sandbox outlived it"
+
+    asyncio.run(main())
+
+
+def test_a_run_failure_abort_reason_ends_an_unclaimed_run_failed_with_its_error() -> None:
+    """Without a claim the pump itself sees the abort: a ``RunFailure`` reason (equal to the cancel reason, so the
+    sandbox side treats it as a cancel) ends the run ``failed`` with its error, in the record and the log."""
+    from boxwright.abort import AbortController
+    from boxwright.events import TextMessageContentEvent
+    from boxwright.runs import RUN_CANCEL_REASON, RunError, RunFailure, pipe_to_run_log
+    from boxwright.stores.memory import memory_run_backend
+
+    async def main() -> None:
+        runs, log = memory_run_backend()
+        abort = AbortController()
+        error = RunError(message=WATCHDOG_MESSAGE, code=WATCHDOG_CODE)
+
+        async def agent() -> Any:
+            yield TextMessageContentEvent(message_id="m", delta="working")
+            abort.abort(RunFailure(error))
+            await asyncio.sleep(30)  # stopped here by the abort
+            yield TextMessageContentEvent(message_id="m", delta="never")
+
+        assert RunFailure(error) == RUN_CANCEL_REASON
+        record = await pipe_to_run_log(agent(), runs, log, "r-fail", "t-fail", abort.signal)
+        assert (record.status, record.error) == ("failed", error), record
+        assert await runs.get("r-fail") == record
+        last = (await log.snapshot("r-fail"))[-1]
+        assert isinstance(last, RunErrorEvent) and (last.message, last.code) == (WATCHDOG_MESSAGE, WATCHDOG_CODE), last
 
     asyncio.run(main())
 
