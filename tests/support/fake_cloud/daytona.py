@@ -87,7 +87,7 @@ class FakeDaytona:
     """The fake cloud. ``start()`` serves it; ``api_url`` goes into the SDK's config."""
 
     def __init__(self, image: str, *, api_key: str = "dtn_fake_key", page_size: int = 2) -> None:
-        self.cloud = FakeCloud(image, "daytona", "/home/daytona")
+        self.cloud = FakeCloud(image, "daytona", "/home/daytona", recycle=True)
         self.api_key = api_key
         self.page_size = page_size
         self.boxes: dict[str, Box] = {}

@@ -79,7 +79,7 @@ class FakeE2B:
     """The fake cloud. ``start()`` serves it; ``api_url``/``envd_url`` go into the SDK's options."""
 
     def __init__(self, image: str, *, api_key: str = "e2b_fake_key", page_size: int = 2) -> None:
-        self.cloud = FakeCloud(image, "user", "/home/user")
+        self.cloud = FakeCloud(image, "user", "/home/user", recycle=True)
         self.api_key = api_key
         self.page_size = page_size
         self.boxes: dict[str, Box] = {}
@@ -444,7 +444,7 @@ class _Process:
             data = event.DataEvent(output=Oneof(item[0], item[1]))
             yield process_pb.StartResponse(event=event(event=Oneof("data", data)))
         code = await process.exit_code
-        if not box.machine.running:
+        if self.fake.boxes.get(box.machine.id) is not box:  # killed under the stream
             raise ConnectError(Code.UNAVAILABLE, "the connection to the sandbox ended before the stream completed")
         if process.signal_death:
             end = event.EndEvent(exit_code=-1, exited=False, status=f"signal: {_signal_name(code)}")
