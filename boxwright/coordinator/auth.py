@@ -98,6 +98,9 @@ def _action(path: str, method: str) -> str:
         return "runs.cancel"
     if tail == "attach":
         return "runs.attach"
+    if tail == "approval":
+        # It decides what the agent may do: never a read, whatever else a hook lets a viewer see.
+        return "runs.approve"
     return "runs.read"
 
 
@@ -155,7 +158,11 @@ async def _thread_refusal(connection: HTTPConnection, runs: RunStore, run_id: st
     return None
 
 
-def _scope_of(connection: HTTPConnection) -> AuthScope:
+def _scope_of(connection: HTTPConnection, action: str) -> AuthScope:
+    if action == "runs.create":
+        # The run's thread is in the body, not known here: a ``?threadId`` would tell the hook a thread
+        # the run may not start on (a hook scoped to the user's thread, fooled into a create on another's).
+        return AuthScope()
     params = connection.path_params
     thread = params.get("thread_id") or connection.query_params.get("threadId")
     return AuthScope(run_id=params.get("run_id") or connection.query_params.get("runId"), thread_id=thread)
@@ -168,11 +175,13 @@ def _guard_http(
 
     async def guarded(request: Request) -> Response:
         action = _action(route.path, request.method)
-        scope = _scope_of(request)
+        scope = _scope_of(request, action)
         if not await _consents(authorize, request, action, scope):
             status, message = _refusal(request)
             return json_response(status, {"error": message, "code": message})
         run_id = request.path_params.get("run_id")
+        if run_id is None and action == "runs.tail":
+            run_id = request.query_params.get("runId")  # GET /agui?runId= reads a run like /events does
         if run_id is not None and require_thread_id:
             refused = await _thread_refusal(request, runs, run_id)
             if refused is not None:
@@ -189,7 +198,7 @@ def _guard_ws(
     endpoint: Any = route.endpoint
 
     async def guarded(websocket: WebSocket) -> None:
-        scope = _scope_of(websocket)
+        scope = _scope_of(websocket, "runs.tail")
         # Refused before accept: the handshake itself fails (an HTTP 403 to the client).
         if not await _consents(authorize, websocket, "runs.tail", scope):
             status, _ = _refusal(websocket)
