@@ -18,6 +18,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import socket
 import struct
 import threading
@@ -31,6 +32,8 @@ from typing import Any, TypeVar
 from .agent import SOURCE as AGENT
 
 FAKE_LABEL = "boxwright.fake-cloud"
+# The test process that made a machine: a machine whose process is gone (killed before its atexit) is swept.
+PID_LABEL = "boxwright.fake-cloud.pid"
 _T = TypeVar("_T")
 
 
@@ -307,9 +310,20 @@ class FakeCloud:
         self._warm: list[Machine] = []
         self._filling: set[asyncio.Future[None]] = set()
         self.warm_size = warm_size
+        self._sweep_orphans()
         self.recycle = recycle  # wipe and pool a destroyed template machine instead of removing its container
         self.images: set[str] = set()
         self._lock = threading.Lock()
+
+    def _sweep_orphans(self) -> None:
+        """Remove machines of test processes on this host that died without cleaning up (a SIGTERM skips atexit)."""
+        with contextlib.suppress(Exception):
+            for found in self.api.containers(all=True, filters={"label": PID_LABEL}):
+                pid = int((found.get("Labels") or {}).get(PID_LABEL, "0") or 0)
+                if pid <= 0 or pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
+                    continue
+                with contextlib.suppress(Exception):
+                    self.api.remove_container(found["Id"], force=True, v=True)
 
     async def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
@@ -358,7 +372,7 @@ class FakeCloud:
             image,
             command=["sleep", "infinity"],
             user="0:0",
-            labels={FAKE_LABEL: "1"},
+            labels={FAKE_LABEL: "1", PID_LABEL: str(os.getpid())},
             host_config=host_config,
             tty=False,
         )
