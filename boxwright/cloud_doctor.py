@@ -11,6 +11,7 @@ CLOUD = (
     ("daytona", "daytona", "daytona", ("DAYTONA_API_KEY",), ("DAYTONA_API_URL", "DAYTONA_TARGET")),
     # Railway has no Python SDK: boxwright's client is httpx + websockets; "A|B" is either variable.
     ("railway", "websockets", "railway", ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"), ()),
+    ("upstash-box", "upstash_box", "upstash-box", ("UPSTASH_BOX_API_KEY",), ("UPSTASH_BOX_BASE_URL",)),
 )
 
 

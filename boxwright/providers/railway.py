@@ -348,8 +348,8 @@ class RailwayProcesses:
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
         process = await self._start(command, opts, durable=False)
-        await process.stdin.end()
         try:
+            await process.stdin.end()
             out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
         except asyncio.CancelledError:
             await process.kill()

@@ -166,6 +166,32 @@ def _blaxel_live(logger: RecordingLogger) -> Any:
     return blaxel_sandbox(ttl="30m", logger=logger, labels={"boxwright.test": "1"})
 
 
+# -- Upstash Box ----------------------------------------------------------------------------------
+
+
+def upstash_box_fake() -> Any:
+    from tests.support.fake_cloud.upstash_box import FakeUpstashBox
+
+    return running_fake("upstash-box", lambda: FakeUpstashBox(BASE_IMAGE))
+
+
+def upstash_box_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """An ``upstash_box_sandbox`` pointed at the running fake (extra options as for ``upstash_box_sandbox``)."""
+    from boxwright.providers.upstash_box import upstash_box_sandbox
+
+    fake = upstash_box_fake()
+    extra.setdefault("api_key", fake.api_key)
+    return upstash_box_sandbox(
+        base_url=fake.base_url, logger=logger or RecordingLogger(), labels=("boxwright-test",), **extra
+    )
+
+
+def _upstash_box_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.upstash_box import upstash_box_sandbox
+
+    return upstash_box_sandbox(logger=logger, labels=("boxwright-test",))
+
+
 # -- boxd -----------------------------------------------------------------------------------------
 
 
@@ -215,6 +241,9 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"),
         railway_fake_provider,
         _railway_live,
+    ),
+    "upstash-box": CloudEntry(
+        "upstash-box", "upstash_box", ("UPSTASH_BOX_API_KEY",), upstash_box_fake_provider, _upstash_box_live
     ),
 }
 

@@ -368,7 +368,7 @@ class FakeRailway:
         if durable:
             name = f"ds-{secrets.token_hex(6)}"
             await websocket.send_text(json.dumps({"type": "durable_session", "data": {"durable_session_name": name}}))
-        upstream = asyncio.ensure_future(self._upstream(websocket, machine, process))
+        upstream = asyncio.ensure_future(self._upstream(websocket, machine, process, durable))
         try:
             while (item := await process.output.get()) is not None:
                 await websocket.send_bytes((b"\x03" if item[0] == "stderr" else b"\x01") + item[1])
@@ -386,10 +386,12 @@ class FakeRailway:
                 with contextlib.suppress(Exception):
                     await machine.ask({"op": "signal", "pid": -process.pid, "sig": 9}, check=False)
 
-    async def _upstream(self, websocket: WebSocket, machine: Machine, process: Process) -> None:
+    async def _upstream(self, websocket: WebSocket, machine: Machine, process: Process, durable: bool) -> None:
         while True:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
+                if not durable and not process.exit_code.done():  # a plain exec dies with its connection
+                    await machine.ask({"op": "signal", "pid": -process.pid, "sig": 9}, check=False)
                 return
             raw = message.get("bytes")
             if raw:
