@@ -13,7 +13,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from .._json import BoundedDecoder
+from ..errors import InvalidRunIdError, InvalidThreadIdError
 from ..harnesses.base import Message
+from ..ids import check_run_id, check_thread_id
 from ..tool_bridge.remote import ToolDescriptor
 
 RUNNER_TOKEN_ENV = "BOXWRIGHT_RUNNER_TOKEN"
@@ -54,9 +57,15 @@ class RunnerRequestError(ValueError):
     """A bad ``/run`` body; the message names the field."""
 
 
+# Bounded in depth: ``workspace.source`` and the messages hold any JSON, and 100k levels of ``[`` there
+# were a RecursionError (a 500) rather than a 400.
+_run_decoder = BoundedDecoder(ContainerRunRequest)
+_attach_decoder = BoundedDecoder(RunnerAttachRequest)
+
+
 def parse_container_run_request(body: bytes) -> ContainerRunRequest:
     try:
-        request = msgspec.json.decode(body, type=ContainerRunRequest)
+        request = _run_decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise RunnerRequestError(f"invalid run request: {exc}") from None
     except msgspec.DecodeError as exc:
@@ -72,6 +81,12 @@ def parse_container_run_request(body: bytes) -> ContainerRunRequest:
             raise RunnerRequestError(f"invalid run request: `{name}` must not be empty")
     if not request.messages:
         raise RunnerRequestError("invalid run request: `messages` must not be empty")
+    try:
+        # The host's rule (S10): the ids land in the NDJSON, the run's file name and the runner's log.
+        check_run_id(request.run_id)
+        check_thread_id(request.thread_id)
+    except (InvalidRunIdError, InvalidThreadIdError) as exc:
+        raise RunnerRequestError(f"invalid run request: {exc}") from None
     if not request.tool_exec_url.startswith(("http://", "https://")):
         raise RunnerRequestError("invalid run request: `toolExecUrl` must be an http(s) URL")
     if not 0 < request.tool_exec_hold_seconds <= 3600:
@@ -88,7 +103,7 @@ def parse_container_run_request(body: bytes) -> ContainerRunRequest:
 
 def parse_runner_attach_request(body: bytes) -> RunnerAttachRequest:
     try:
-        request = msgspec.json.decode(body, type=RunnerAttachRequest)
+        request = _attach_decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise RunnerRequestError(f"invalid attach request: {exc}") from None
     except msgspec.DecodeError as exc:

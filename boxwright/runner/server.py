@@ -43,6 +43,23 @@ from .tool_exec import ToolExecTarget, held_tool_exec_client
 
 NDJSON = "application/x-ndjson"
 _MAX_BODY = 4 << 20
+# Past any file the runner writes; a larger one made ``seek`` raise mid-response (a cut stream, a traceback).
+_MAX_OFFSET = 1 << 53
+
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The body, or None once it is over ``_MAX_BODY``: refused on a declared length, never buffered whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > _MAX_BODY:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > _MAX_BODY:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _version() -> str:
@@ -160,8 +177,8 @@ def create_runner_app(
     async def start(request: Request) -> Response:
         if not state.authorized(request):
             return PlainTextResponse("missing or wrong runner token", status_code=401)
-        body = await request.body()
-        if len(body) > _MAX_BODY:
+        body = await _bounded_body(request)
+        if body is None:
             return PlainTextResponse("run request body too large", status_code=413)
         try:
             parsed = parse_container_run_request(body)
@@ -196,6 +213,8 @@ def create_runner_app(
             offset = max(0, int(request.query_params.get("offset", "0")))
         except ValueError:
             return PlainTextResponse("offset must be an integer", status_code=400)
+        if offset > _MAX_OFFSET:
+            return PlainTextResponse(f"offset must be at most {_MAX_OFFSET}", status_code=400)
         return StreamingResponse(_tail(run, offset), media_type=NDJSON)
 
     async def status(request: Request) -> Response:
@@ -227,8 +246,8 @@ def create_runner_app(
         run = state.runs.get(request.path_params["run_id"])
         if run is None:
             return PlainTextResponse("unknown run", status_code=404)
-        body = await request.body()
-        if len(body) > _MAX_BODY:
+        body = await _bounded_body(request)
+        if body is None:
             return PlainTextResponse("attach request body too large", status_code=413)
         try:
             parsed = parse_runner_attach_request(body)

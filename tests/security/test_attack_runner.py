@@ -1,0 +1,180 @@
+"""A hostile caller against the in-container runner (``boxwright.runner.server``) under uvicorn.
+
+Every route without, with a wrong, or with another container's runner token; ids no run can have;
+deep JSON; a body larger than the cap, declared or streamed; offsets that are garbage or huge.
+Each refusal is a 4xx that starts nothing and leaves the runner serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from boxwright.runner.server import create_runner_app
+from boxwright.tool_bridge import serve_asgi
+
+TOKEN_X = "runner-x-" + "x" * 32
+TOKEN_Y = "runner-y-" + "y" * 32
+
+
+@asynccontextmanager
+async def _runner(tmp: Path, token: str) -> AsyncIterator[tuple[str, Path]]:
+    directory = tmp / f"runner-{token[7]}"
+    directory.mkdir()
+    server = await serve_asgi(create_runner_app(token, str(directory)))
+    try:
+        yield server.url, directory
+    finally:
+        await server.close()
+
+
+def _request(tmp: Path, run_id: str = "r-ok") -> dict[str, Any]:
+    # A workspace that does not exist: the run ends at once with its RUN_ERROR (no agent is started).
+    return {
+        "runId": run_id,
+        "threadId": "t-ok",
+        "messages": [{"role": "user", "content": "hi"}],
+        "harness": "claude-code",
+        "model": "m",
+        "workspace": {"path": str(tmp / "no-workspace"), "secrets": []},
+        "toolDescriptors": [],
+        "toolExecUrl": "http://127.0.0.1:9/tool-exec/r-ok",
+        "toolExecToken": "t",
+    }
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_every_runner_route_refuses_no_token_a_wrong_one_and_another_containers(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _runner(tmp_path, TOKEN_X) as (x, _), _runner(tmp_path, TOKEN_Y) as (y, y_dir):
+            async with httpx.AsyncClient(timeout=20) as http:
+                started = await http.post(f"{y}/run", json=_request(tmp_path), headers=_auth(TOKEN_Y))
+                assert started.status_code == 200, started.text
+                attach = {"toolExecUrl": "http://127.0.0.1:9/evil", "toolExecToken": "stolen"}
+                routes = [
+                    ("POST", "/run", _request(tmp_path, "r-other")),
+                    ("GET", "/runs/r-ok", None),
+                    ("GET", "/runs/r-ok/events", None),
+                    ("POST", "/runs/r-ok/cancel", None),
+                    ("POST", "/runs/r-ok/attach", attach),
+                    ("POST", "/shutdown", None),
+                ]
+                wrong = [
+                    {},
+                    _auth(TOKEN_X),  # container X's token on container Y
+                    _auth(TOKEN_Y[:-1]),
+                    _auth(TOKEN_Y + "y"),
+                    {"Authorization": TOKEN_Y},
+                    {"Authorization": f"bearer {TOKEN_Y}"},
+                ]
+                for method, path, body in routes:
+                    for headers in wrong:
+                        refused = await http.request(method, y + path, json=body, headers=headers)
+                        assert refused.status_code == 401, (method, path, headers, refused.text)
+                assert sorted(p.name for p in y_dir.iterdir()) == ["r-ok.ndjson"], "a refused /run started a run"
+                assert (await http.get(f"{y}/health")).status_code == 200
+                assert (await http.post(f"{x}/shutdown", headers=_auth(TOKEN_Y))).status_code == 401, "Y's on X"
+                status = await http.get(f"{y}/runs/r-ok", headers=_auth(TOKEN_Y))
+                assert status.status_code == 200 and status.json()["runId"] == "r-ok"
+
+    asyncio.run(main())
+
+
+def test_ids_no_run_can_have_and_deep_json_are_400_and_start_nothing(tmp_path: Path) -> None:
+    """The ids land in the NDJSON, file names and the runner's log: the same rule as the host's (S10)."""
+
+    async def main() -> None:
+        async with _runner(tmp_path, TOKEN_X) as (url, directory), httpx.AsyncClient(timeout=20) as http:
+            for field_name, bad in [
+                ("runId", "../../etc/passwd"),
+                ("runId", "a/b"),
+                ("runId", "a\x00b"),
+                ("runId", "r" * 10_000),
+                ("threadId", "t\x00"),
+                ("threadId", "t" * 10_000),
+            ]:
+                body = {**_request(tmp_path), field_name: bad}
+                refused = await http.post(f"{url}/run", json=body, headers=_auth(TOKEN_X))
+                assert refused.status_code == 400, (field_name, bad[:20], refused.status_code, refused.text[:200])
+            source = json.dumps({**_request(tmp_path), "workspace": {"path": "/w", "source": {"a": "DEEP"}}})
+            deep = source.replace('"DEEP"', "[" * 100_000 + "]" * 100_000).encode()
+            refused = await http.post(f"{url}/run", content=deep, headers=_auth(TOKEN_X))
+            assert refused.status_code == 400, (refused.status_code, refused.text[:200])
+            assert list(directory.iterdir()) == [], "a refused /run started a run"
+
+            assert (await http.post(f"{url}/run", json=_request(tmp_path), headers=_auth(TOKEN_X))).status_code == 200
+            deep_attach = b'{"toolExecUrl": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+            refused = await http.post(f"{url}/runs/r-ok/attach", content=deep_attach, headers=_auth(TOKEN_X))
+            assert refused.status_code == 400, (refused.status_code, refused.text[:200])
+            assert (await http.get(f"{url}/health")).status_code == 200
+
+    asyncio.run(main())
+
+
+def test_offsets_garbage_negative_and_huge(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _runner(tmp_path, TOKEN_X) as (url, _), httpx.AsyncClient(timeout=20) as http:
+            whole = await http.post(f"{url}/run", json=_request(tmp_path), headers=_auth(TOKEN_X))
+            assert whole.status_code == 200 and '"RUN_ERROR"' in whole.text, whole.text
+            events = f"{url}/runs/r-ok/events"
+            for offset in ("abc", "1e3", "", "0x10", str(2**63), "9" * 30):
+                refused = await http.get(events, params={"offset": offset}, headers=_auth(TOKEN_X))
+                assert refused.status_code == 400, (offset, refused.status_code, refused.text[:100])
+            again = await http.get(events, params={"offset": "-5"}, headers=_auth(TOKEN_X))
+            assert again.status_code == 200 and again.text == whole.text, "a negative offset reads from 0"
+            past = await http.get(events, params={"offset": str(10**12)}, headers=_auth(TOKEN_X))
+            assert past.status_code == 200 and past.text == "", "past the end: nothing (the run ended)"
+
+    asyncio.run(main())
+
+
+def _declared_huge_body(url: str, path: str, token: str, within_s: float) -> bytes:
+    """A head declaring 1 GiB, then 1 KiB of it: what the server answers while the rest never comes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=within_s) as sock:
+        head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+        head += f"Content-Type: application/json\r\nContent-Length: {1 << 30}\r\n\r\n"
+        sock.sendall(head.encode() + b"[" * 1024)
+        deadline = time.monotonic() + within_s
+        received = b""
+        while b"\r\n\r\n" not in received and time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def test_a_body_over_the_cap_is_413_before_it_is_read(tmp_path: Path) -> None:
+    """A declared 1 GiB body is refused on its head; a streamed 5 MiB one is refused without being kept."""
+
+    async def main() -> None:
+        async with _runner(tmp_path, TOKEN_X) as (url, _), httpx.AsyncClient(timeout=20) as http:
+            assert (await http.post(f"{url}/run", json=_request(tmp_path), headers=_auth(TOKEN_X))).status_code == 200
+            for path in ("/run", "/runs/r-ok/attach"):
+                answer = await asyncio.to_thread(_declared_huge_body, url, path, TOKEN_X, 10.0)
+                assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:200])
+
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(80):
+                    yield b" " * 65536
+
+            streamed = await http.post(f"{url}/run", content=chunks(), headers=_auth(TOKEN_X))
+            assert streamed.status_code == 413, streamed.text
+            assert (await http.get(f"{url}/health")).status_code == 200
+
+    asyncio.run(main())
