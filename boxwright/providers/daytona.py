@@ -58,6 +58,7 @@ from ..sandbox import (
     CreateInput,
     DestroyInput,
     ExecResult,
+    FsEntry,
     NetworkPolicy,
     ProcessOptions,
     RestoreInput,
@@ -213,7 +214,7 @@ class DaytonaProcess:
             self.stdout.close()
             self.stderr.close()
             if not self._killed:
-                await self._handle.drop_session(self._session)
+                self._handle.drop_session_soon(self._session)  # not on the path of wait(): nobody waits on it
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
@@ -290,7 +291,8 @@ class DaytonaProcesses:
 
 
 class DaytonaFs(ShellFs):
-    """Writes and directories through the toolbox file API; reads and probes through the shell."""
+    """The toolbox file API (upload, folders, list, recursive delete, move, info for ``exists``); ``read`` and
+    ``lstat`` through the shell (base64 output; the GNU stat probe that never follows a link)."""
 
     def __init__(self, handle: DaytonaHandle) -> None:
         super().__init__(handle.plain, handle.workdir)
@@ -308,6 +310,41 @@ class DaytonaFs(ShellFs):
             await self._handle.sdk.fs.create_folder(self.p(path), "755")
         except daytona.DaytonaError as exc:
             raise SandboxCommandError("mkdir", 1, str(exc)) from exc
+
+    async def list(self, path: str) -> list[FsEntry]:
+        daytona = _sdk()
+        virtual = (path.rstrip("/") or "/").rstrip("/")
+        try:
+            found = await self._handle.sdk.fs.list_files(self.p(path))
+        except daytona.DaytonaError as exc:
+            raise SandboxCommandError("list", 1, str(exc)) from exc
+        return [FsEntry(f.name, f"{virtual}/{f.name}", "dir" if f.is_dir else "file") for f in found]
+
+    async def remove(self, path: str) -> None:
+        daytona = _sdk()
+        try:
+            await self._handle.sdk.fs.delete_file(self.p(path), recursive=True)
+        except daytona.DaytonaNotFoundError:
+            return  # missing is fine
+        except daytona.DaytonaError as exc:
+            raise SandboxCommandError("remove", 1, str(exc)) from exc
+
+    async def rename(self, src: str, dst: str) -> None:
+        daytona = _sdk()
+        target = self.p(dst)
+        await self.mkdir(target.rsplit("/", 1)[0] or "/")
+        try:
+            await self._handle.sdk.fs.move_files(self.p(src), target)
+        except daytona.DaytonaError as exc:
+            raise SandboxCommandError("rename", 1, str(exc)) from exc
+
+    async def exists(self, path: str) -> bool:
+        daytona = _sdk()
+        try:
+            await self._handle.sdk.fs.get_file_info(self.p(path))
+        except daytona.DaytonaNotFoundError:
+            return False  # a confirmed miss; other failures raise
+        return True
 
 
 class DaytonaPorts:
@@ -344,6 +381,7 @@ class DaytonaHandle:
         self.git = ExecGit(self.process)
         self.ports = DaytonaPorts(self)
         self.destroyed = False
+        self._cleanups: set[asyncio.Future[None]] = set()
 
     async def start(self, line: str, stdin: bool, fifo: str | None = None) -> DaytonaProcess:
         daytona = _sdk()
@@ -359,6 +397,11 @@ class DaytonaHandle:
             await self.drop_session(session)
             raise SandboxCommandError("exec", -1, str(exc)) from exc
         return DaytonaProcess(self, session, str(started.cmd_id), stdin, fifo)
+
+    def drop_session_soon(self, session: str) -> None:
+        task = asyncio.ensure_future(self.drop_session(session))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def drop_session(self, session: str) -> None:
         with contextlib.suppress(Exception):
@@ -393,6 +436,8 @@ class DaytonaHandle:
         first = not self.destroyed
         if first:
             await self.process.kill_all()
+            if self._cleanups:
+                await asyncio.wait(set(self._cleanups), timeout=10)
         self.destroyed = True
         await self._provider.destroy(DestroyInput(id=self.id))
         if first:

@@ -17,7 +17,8 @@ Follows ``daytona`` 0.226.1 (``daytona_api_client_async``, ``daytona_toolbox_api
   .../command/{cid}`` -> {id, command, exitCode}, the ``.../logs?follow=true`` WebSocket
   (binary frames prefixed ``\\x01\\x01\\x01`` stdout / ``\\x02\\x02\\x02`` stderr, closed at the
   end), ``POST .../input`` {data}; ``POST /files/folder``, ``POST /files/bulk-upload``
-  (multipart ``files[i].path`` / ``files[i].file``).
+  (multipart ``files[i].path`` / ``files[i].file``), ``GET /files`` (list), ``GET /files/info``,
+  ``DELETE /files`` (recursive), ``POST /files/move``.
 - A session command runs as ``sh -c <command>`` as ``daytona`` in ``/home/daytona``, through
   the machine's agent (true exit statuses). Secrets: the sandbox env holds the secret's
   placeholder, never its value (Daytona swaps it into outbound HTTPS, which the fake does not).
@@ -141,6 +142,10 @@ class FakeDaytona:
                 Route(s + "/command/{cmd}", self.command_get, methods=["GET"]),
                 Route(s + "/command/{cmd}/input", self.command_input, methods=["POST"]),
                 WebSocketRoute(s + "/command/{cmd}/logs", self.command_logs),
+                Route(t + "/files", self.files_list, methods=["GET"]),
+                Route(t + "/files", self.files_delete, methods=["DELETE"]),
+                Route(t + "/files/info", self.files_info, methods=["GET"]),
+                Route(t + "/files/move", self.files_move, methods=["POST"]),
                 Route(t + "/files/folder", self.folder, methods=["POST"]),
                 Route(t + "/files/bulk-upload", self.upload, methods=["POST"]),
             ]
@@ -465,6 +470,77 @@ class FakeDaytona:
                     continue
                 await command.changed.wait()
             await websocket.close()
+
+    async def _fs(self, request: Request, argv: list[str]) -> tuple[Box, int, str, str] | Response:
+        box = await self._box(request)
+        if isinstance(box, Response):
+            return box
+        code, out, err = await box.machine.run(argv, record=False)
+        return box, code, out.decode(errors="replace"), err.decode(errors="replace")
+
+    @staticmethod
+    def _info(line: str) -> dict[str, Any]:
+        name, kind, mtime, mode, owner, group, size, path = line.split("|", 7)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(mtime)))
+        return {
+            "name": name,
+            "isDir": kind == "d",
+            "modTime": stamp,
+            "mode": mode,
+            "permissions": mode,
+            "owner": owner,
+            "group": group,
+            "size": int(size),
+            "path": path,
+        }
+
+    async def files_list(self, request: Request) -> Response:
+        path = request.query_params.get("path", "")
+        script = 'test -d "$1" || exit 2; find "$1" -mindepth 1 -maxdepth 1 -printf "%f|%y|%T@|%m|%u|%g|%s|%p\\n"'
+        done = await self._fs(request, ["sh", "-c", script, "toolbox", path])
+        if isinstance(done, Response):
+            return done
+        _, code, out, err = done
+        if code == 2:
+            return _error(404, f"directory not found: {path}")
+        if code != 0:
+            return _error(400, err)
+        return JSONResponse([self._info(line) for line in out.splitlines() if line])
+
+    async def files_info(self, request: Request) -> Response:
+        path = request.query_params.get("path", "")
+        script = 'test -e "$1" || test -L "$1" || exit 2; find "$1" -maxdepth 0 -printf "%f|%y|%T@|%m|%u|%g|%s|%p\\n"'
+        done = await self._fs(request, ["sh", "-c", script, "toolbox", path])
+        if isinstance(done, Response):
+            return done
+        _, code, out, err = done
+        if code == 2:
+            return _error(404, f"file not found: {path}")
+        return JSONResponse(self._info(out.strip())) if code == 0 else _error(400, err)
+
+    async def files_delete(self, request: Request) -> Response:
+        path = request.query_params.get("path", "")
+        recursive = request.query_params.get("recursive", "false").lower() == "true"
+        script = (
+            'test -e "$1" || test -L "$1" || exit 2; if [ "$2" = true ]; then rm -rf -- "$1"; else rm -f -- "$1"; fi'
+        )
+        done = await self._fs(request, ["sh", "-c", script, "toolbox", path, "true" if recursive else "false"])
+        if isinstance(done, Response):
+            return done
+        _, code, _, err = done
+        if code == 2:
+            return _error(404, f"file not found: {path}")
+        return Response(status_code=204) if code == 0 else _error(400, err)
+
+    async def files_move(self, request: Request) -> Response:
+        source, destination = request.query_params.get("source", ""), request.query_params.get("destination", "")
+        done = await self._fs(request, ["mv", "--", source, destination])
+        if isinstance(done, Response):
+            return done
+        _, code, _, err = done
+        if code != 0:
+            return _error(404 if "No such file" in err else 400, err)
+        return Response(status_code=200)
 
     async def folder(self, request: Request) -> Response:
         box = await self._box(request)
