@@ -226,3 +226,26 @@ def test_leaked_sandboxes_are_found_by_ownership_metadata_across_pages() -> None
         assert await provider.list_owned({"boxwright.run": "run-owned-1"}) == []
 
     run(body)
+
+
+def test_the_sdk_kill_leaves_a_background_child_and_the_group_kill_does_not() -> None:
+    """The seed's measurement, on the fake's process model: why every command runs under setsid."""
+    provider = e2b_fake_provider()
+
+    async def body() -> None:
+        handle = await provider.create()
+        try:
+            command = "( sleep 1.5 && touch {m} ) & wait"
+            raw = await handle.sdk.commands.run(command.format(m="sdk-killed"), background=True, cwd=handle.workdir)
+            ours = await handle.process.spawn(command.format(m="group-killed"))
+            await asyncio.sleep(0.5)
+            assert await raw.kill() is True  # envd's SIGKILL to the shell's pid
+            await ours.kill()
+            assert await asyncio.wait_for(ours.wait(), 15) == 128 + 9
+            await asyncio.sleep(2.5)
+            found = (await handle.process.exec("ls sdk-killed group-killed 2>/dev/null; true")).stdout.split()
+            assert found == ["sdk-killed"], f"markers written after the kills: {found}"
+        finally:
+            await handle.destroy()
+
+    run(body)
