@@ -66,7 +66,7 @@ from ..sandbox import (
     SnapshotRef,
 )
 from ._docker_fast import SERVER as _FAST_SERVER
-from ._docker_fast import FastExec, FastExecLost, FastExecUnavailable
+from ._docker_fast import FastExec, FastExecLost, FastExecUnavailable, go_lines, keep_alive_command
 from ._posix import HandleEnv, Logger, StdlibLogger, TextStream
 
 NAME = "docker"
@@ -90,6 +90,9 @@ DEFAULT_LEASE = 6 * 3600.0
 # A snapshot outlives its container (restore after destroy), so its lease is longer.
 DEFAULT_SNAPSHOT_LEASE = 7 * 24 * 3600.0
 DEFAULT_USER = "1000:1000"
+DEFAULT_KEEP_ALIVE = ("sleep", "infinity")
+# How long the keep-alive's words are awaited (its setup at create, python3 starting after).
+_SERVE_WITHIN = 20.0
 _READ = 65536
 _WRITE_CHUNK = 32768
 # Bounded waits on the daemon: exec state after EOF, a kill, a stop.
@@ -441,6 +444,41 @@ class DockerProcesses:
             await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
 
 
+class _AttachLines:
+    """Lines of a container's stdout on its attach socket (multiplexed frames), and writes to its stdin."""
+
+    def __init__(self, attach: Any) -> None:
+        self._attach = attach
+        self._sock: socket.socket = attach._sock
+        self._sock.setblocking(False)
+        self._frames = bytearray()
+        self._out = bytearray()
+
+    async def next(self) -> str:
+        """The next stdout line; "" when the stream ended before one."""
+        loop = asyncio.get_running_loop()
+        while b"\n" not in self._out:
+            data = await loop.sock_recv(self._sock, _READ)
+            if not data:
+                self._out += b"\n"
+                break
+            self._frames += data
+            for kind, payload in _demux_frames(self._frames):
+                if kind == 1:
+                    self._out += payload
+        line, _, self._out[:] = bytes(self._out).partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+    async def send(self, data: bytes) -> None:
+        await asyncio.get_running_loop().sock_sendall(self._sock, data)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sock.close()
+        with contextlib.suppress(Exception):
+            self._attach.close()
+
+
 async def _collect(stream: TextStream) -> str:
     return "".join([chunk async for chunk in stream])
 
@@ -588,7 +626,7 @@ class DockerHandle:
         self._first_command = asyncio.Event()
 
     def start_fast_exec(self) -> None:
-        if self._fast_start is None and self.network == "allow" and self._provider.fast_exec:
+        if self._fast is None and self._fast_start is None and self.network == "allow" and self._provider.fast_exec:
             self._fast_start = asyncio.get_running_loop().create_task(self._start_fast())
 
     def _warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
@@ -656,6 +694,57 @@ class DockerHandle:
         except (Exception, StopAsyncIteration):
             return  # no python3, no address (network deny), a slow start: docker exec it stays
         self._fast = FastExec(host, port, token)
+
+    async def _set_up_by_keep_alive(self, attach: Any) -> bool:
+        """Let root make ``/`` sticky; True once the keep-alive made the workspace (it then holds ``attach``).
+
+        False when it could not (the caller sets up from the host, and closes ``attach``).
+        """
+        api = self.api
+        lines = _AttachLines(attach)
+        try:
+            # Detached: the keep-alive's word says it took (it waits for `/` to be writable before it
+            # makes the workspace), so no exec_inspect round trip stands on the create path.
+            chmod = await api.call(
+                api.api.exec_create, self.id, ["chmod", "1777", "/"], stdout=False, stderr=False, user="0:0"
+            )
+            await api.call(api.api.exec_start, chmod["Id"], detach=True)
+            word = await asyncio.wait_for(lines.next(), _SERVE_WITHIN)
+        except (TimeoutError, OSError) as exc:
+            word = repr(exc)
+        except BaseException:
+            lines.close()
+            raise
+        if word != "boxwright-setup-ok":
+            self._warn("the keep-alive could not make the workspace; setting up from the host", {"said": word[:200]})
+            lines.close()
+            return False
+        self._fast_start = asyncio.get_running_loop().create_task(self._serve_from_keep_alive(lines))
+        return True
+
+    async def _serve_from_keep_alive(self, lines: _AttachLines) -> None:
+        """Start the keep-alive's exec server (after the first command, as ``_start_fast``); use it once it answers."""
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._first_command.wait(), _FAST_START_AFTER)
+            token = FastExec.new_token()
+            await lines.send(go_lines(token))
+            host = asyncio.ensure_future(self.address())
+            try:
+                word = await asyncio.wait_for(lines.next(), _SERVE_WITHIN)
+                address = await host
+            finally:
+                host.cancel()
+            kind, _, port = word.partition(" ")
+            if kind == "boxwright-ready":
+                self._fast = FastExec(address, int(port), token)
+            elif kind != "boxwright-no-python":
+                self._warn("the keep-alive exec server did not start; docker exec it stays", {"said": word[:200]})
+        except (Exception, StopAsyncIteration) as exc:  # no address, a slow start: docker exec it stays
+            self._warn("the keep-alive exec server did not answer; docker exec it stays", {"error": repr(exc)})
+        finally:
+            # Its stdin closes with this (StdinOnce): the server read its one line, nobody else may write.
+            lines.close()
 
     async def _bare_exec(self, argv: Sequence[str], user: str | None = None) -> ExecResult:
         """An exec with no wrapper and no stdin, for fs ops and kill scripts; the handle env is not needed."""
@@ -756,7 +845,7 @@ class DockerProvider:
         *,
         workdir: str = WORKSPACE,
         user: str = DEFAULT_USER,
-        keep_alive_command: Sequence[str] = ("sleep", "infinity"),
+        keep_alive_command: Sequence[str] = DEFAULT_KEEP_ALIVE,
         publish_ports: Sequence[int] = (),
         host_gateway: bool = True,
         network: Literal["allow", "deny"] = "allow",
@@ -866,18 +955,22 @@ class DockerProvider:
             extra_hosts={"host.docker.internal": "host-gateway"} if self.host_gateway and network == "allow" else None,
             port_bindings={p: ("127.0.0.1", None) for p in self.publish_ports} if network == "allow" else None,
         )
+        # The default keep-alive becomes the fast exec server itself (``_docker_fast.KEEP_ALIVE``): it makes
+        # the workspace and serves the first command, so create pays neither an archive nor a docker exec.
+        serve = self.fast_exec and network == "allow" and self.keep_alive == list(DEFAULT_KEEP_ALIVE)
         try:
             created = await api.call(
                 api.api.create_container,
                 image,
-                command=self.keep_alive,
+                command=keep_alive_command(self.workdir) if serve else self.keep_alive,
                 user=self.user,
                 working_dir="/",
                 labels=self._labels(key, run),
                 host_config=host_config,
                 ports=list(self.publish_ports) or None,
                 tty=False,
-                stdin_open=False,
+                # With attach, StdinOnce: the token's one-shot channel closes when the host hangs up.
+                stdin_open=serve,
             )
         except api.errors.NotFound:
             # No image inspect first: the create's own 404 says it, one round trip fewer on the create path.
@@ -886,27 +979,43 @@ class DockerProvider:
             raise ProviderUnavailableError(NAME, f"could not create a container from {image!r}: {exc}") from exc
         cid = str(created["Id"])
         try:
-            await api.call(api.api.start, cid)
             handle = DockerHandle(self, cid, env, network)
-            # Root without capabilities still owns `/`: it makes it sticky and world-writable (as
-            # /tmp), so the user may remove its own workspace as on a host, and a command in a
-            # deleted workspace fails instead of running in a directory nobody can remove.
-            # (Neither `docker import` nor a build layer keeps a mode on `/` itself: measured.)
-            # Both after start and side by side: an archive into a created container mounts its
-            # rootfs just for that, and each step costs an engine round trip (measured: ~250 ms
-            # each on a loaded engine, so side by side saves one of them on every create).
-            _, made = await asyncio.gather(
-                api.call(api.api.put_archive, cid, "/", _workspace_tar(self.workdir, self.user)),
-                handle._bare_exec(["chmod", "1777", "/"], user="0:0"),
-            )
-            if made.exit_code != 0:
-                raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
+            if serve:
+                # Side by side: nothing reaches the server's stdout before it read the boot line, sent on
+                # this socket once it is up, so an attach that lands after the start loses nothing.
+                attach, _ = await asyncio.gather(
+                    api.call(api.api.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stream": 1}),
+                    api.call(api.api.start, cid),
+                )
+                served = await handle._set_up_by_keep_alive(attach)
+            else:
+                await api.call(api.api.start, cid)
+                served = False
+            if not served:
+                await self._setup(handle)
         except BaseException:
             with contextlib.suppress(Exception):
                 await api.call(api.api.remove_container, cid, force=True, v=True)
             raise
         handle.start_fast_exec()
         return handle
+
+    async def _setup(self, handle: DockerHandle) -> None:
+        """The workspace owned by the user and ``/`` sticky, from the host (the keep-alive could not)."""
+        api = handle.api
+        # Root without capabilities still owns `/`: it makes it sticky and world-writable (as
+        # /tmp), so the user may remove its own workspace as on a host, and a command in a
+        # deleted workspace fails instead of running in a directory nobody can remove.
+        # (Neither `docker import` nor a build layer keeps a mode on `/` itself: measured.)
+        # Both after start and side by side: an archive into a created container mounts its
+        # rootfs just for that, and each step costs an engine round trip (measured: ~250 ms
+        # each on a loaded engine, so side by side saves one of them on every create).
+        _, made = await asyncio.gather(
+            api.call(api.api.put_archive, handle.id, "/", _workspace_tar(self.workdir, self.user)),
+            handle._bare_exec(["chmod", "1777", "/"], user="0:0"),
+        )
+        if made.exit_code != 0:
+            raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
 
     async def _restore(self, input: RestoreInput) -> DockerHandle:
         network = input.network.mode if input.network is not None else self.network
