@@ -74,7 +74,7 @@ from .projection import TARGETS, project_workspace, projection_for
 from .runs import RUN_ABORTED_CODE, RUN_CANCELLED_CODE
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .scrub import EventScrubber, mask_then_tail
-from .secrets import SecretScope, redact, resolve_all_secrets
+from .secrets import SecretScope, process_secret_values, redact, resolve_all_secrets
 from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
 from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
@@ -294,7 +294,8 @@ async def run_agent(
     # This run's own secret values (its bridge token, the harness's credentials): masked in its
     # events, and in logs while it runs; released when it ends.
     secrets = SecretScope()
-    scrub = EventScrubber(scope=secrets)
+    # And the app's own (a local-process agent can read its host's argv and env): never in a run's events.
+    scrub = EventScrubber(process_secret_values(), scope=secrets)
     entered: Any = None  # the sandbox scope, once with_sandbox gave it (an abort may come before)
     try:
         async with with_sandbox(sandbox, ctx, durability=durability) as scope:

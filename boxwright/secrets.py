@@ -204,6 +204,11 @@ def _recompute() -> None:
     _redacted = frozenset(union)
 
 
+def process_secret_values() -> frozenset[str]:
+    """The values ``register_secret_values`` registered (an app's configured secrets), for a run's event scrubber."""
+    return _process_values
+
+
 def register_secret_values(values: Iterable[str]) -> None:
     """Mask these values from now on, for the life of the process. Empty strings are ignored: they occur everywhere.
 

@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 from starlette.applications import Starlette
@@ -38,6 +39,7 @@ from boxwright.middleware.service import (
     StartRunRequest,
     sandbox_routes,
 )
+from boxwright.secrets import register_secret_values
 from boxwright.stores.base import warn_if_not_durable
 
 from .auth import Authorize, allow_anyone, bearer_authorizer, guard_routes
@@ -168,6 +170,12 @@ class _NoteOrigin:
 def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
     """A Starlette app serving the coordinator of ``config`` (run it under uvicorn; see ``boxwright serve``)."""
     authorize = _authorizer(config)
+    # Masked in logs and in every run's events: an agent that prints what it can read (on a local-process
+    # sandbox, this process's argv and env) must not put them in the log.
+    store_password = urlsplit(config.store_url).password if config.store_url else None
+    register_secret_values(
+        v for v in (config.client_token, config.admin_token, config.runner_secret, store_password) if v
+    )
     stores = config.stores if config.stores is not None else open_store_set(config.store_url)
     holder: list[Coordinator] = []
 
