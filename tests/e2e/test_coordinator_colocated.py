@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
-from tests.support.coordinator import CoordinatorProcess, coordinators, sse_events, trigger
+from tests.support.coordinator import CoordinatorProcess, coordinators, sse_events, started_together, trigger
 from tests.support.docker import (
     RUNNER_IMAGE,
     TEST_LABEL,
@@ -104,7 +104,8 @@ def test_colocated_host_tools_cross_back_through_tool_exec_and_a_takeover_repoin
     thread, run = f"t-{secrets.token_hex(4)}", f"r-colo-{secrets.token_hex(4)}"
     boxes: list[str] = []
     try:
-        with coordinators(_replica("a", tmp_path, env), _replica("b", tmp_path, env)) as (a, b):
+        replicas = started_together(lambda: _replica("a", tmp_path, env), lambda: _replica("b", tmp_path, env))
+        with coordinators(*replicas) as (a, b):
             body = trigger(thread, "[[script:colo]] record, wait, record", run, sandbox="docker", harness="claude-box")
             assert a.post("/runs", body).status_code == 202
             before: list[tuple[str | None, str | None, str]] = []

@@ -37,6 +37,7 @@ from tests.support.coordinator import (
     coordinators,
     scripted_agent,
     sse_events,
+    started_together,
     trigger,
     wait_record,
 )
@@ -99,8 +100,10 @@ def test_a_run_whose_replica_was_killed_is_adopted_by_the_sweep_with_no_client(t
     thread, run = f"t-{secrets.token_hex(4)}", f"r-sweep-{secrets.token_hex(4)}"
     sweeping = {"BWT_SWEEP_S": "0.5"}
     with coordinators(
-        CoordinatorProcess("a", tmp_path, agent, lease_ms=LEASE_MS),
-        CoordinatorProcess("b", tmp_path, agent, lease_ms=LEASE_MS, env=sweeping),
+        *started_together(
+            lambda: CoordinatorProcess("a", tmp_path, agent, lease_ms=LEASE_MS),
+            lambda: CoordinatorProcess("b", tmp_path, agent, lease_ms=LEASE_MS, env=sweeping),
+        )
     ) as (a, b):
         assert a.post("/runs", trigger(thread, "lines 40 0.1", run)).status_code == 202
         assert len(sse_events(a.url, run, thread, limit=8)) == 8
@@ -132,15 +135,20 @@ def test_the_watchdog_writes_failed_once_and_the_log_says_why(tmp_path: Path) ->
                 now = [1000.0]
                 scheduler.clock = lambda: now[0]
                 assert (await http.post(f"{url}/runs", json=trigger(thread, "quiet 120", run))).status_code == 202
-                await asyncio.to_thread(sse_events, url, run, thread, limit=4)
+                await asyncio.to_thread(wait_for, "the agent's line", lambda: stored_deltas(db, run), 60)
                 assert await scheduler.watchdog_tick() == []
+                await asyncio.sleep(0.5)
+                assert await scheduler.watchdog_tick() == []  # whatever followed the line is seen by now
                 now[0] += 301.0
                 seen: list[str] = []
                 stop = asyncio.Event()
 
                 async def watch() -> None:
-                    while not stop.is_set():
+                    while True:  # one last read after the tick returned
+                        done = stop.is_set()
                         seen.append(record_row(db, run)["status"])  # type: ignore[index]
+                        if done:
+                            return
                         await asyncio.sleep(0.005)
 
                 watcher = asyncio.ensure_future(watch())

@@ -17,6 +17,7 @@ A later chaos test or bench starts replicas over ``redis://`` with ``store=``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -25,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,14 +158,16 @@ class CoordinatorProcess:
         deadline = time.monotonic() + startup_s
         while True:
             if self.proc.poll() is not None:
+                said = self.stderr()  # read before close() closes the file
                 self.close()
-                raise RuntimeError(f"coordinator {name} exited ({self.proc.returncode}): {self.stderr()}")
+                raise RuntimeError(f"coordinator {name} exited ({self.proc.returncode}): {said}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     break
             if time.monotonic() > deadline:
+                said = self.stderr()
                 self.close()
-                raise RuntimeError(f"coordinator {name} did not answer /healthz in {startup_s} s: {self.stderr()}")
+                raise RuntimeError(f"coordinator {name} did not answer /healthz in {startup_s} s: {said}")
             time.sleep(0.05)
 
     @staticmethod
@@ -215,6 +218,25 @@ def coordinators(*made: CoordinatorProcess) -> Iterator[tuple[CoordinatorProcess
     finally:
         for process in made:
             process.close()
+
+
+def started_together(*makers: Callable[[], CoordinatorProcess]) -> tuple[CoordinatorProcess, ...]:
+    """Replicas started side by side (their interpreter startups overlap); if one fails, the others are closed."""
+    with concurrent.futures.ThreadPoolExecutor(len(makers)) as pool:
+        futures = [pool.submit(make) for make in makers]
+    made: list[CoordinatorProcess] = []
+    errors: list[BaseException] = []
+    for future in futures:
+        error = future.exception()
+        if error is None:
+            made.append(future.result())
+        else:
+            errors.append(error)
+    if errors:
+        for process in made:
+            process.close()
+        raise errors[0]
+    return tuple(made)
 
 
 def run_id_for(tmp: Path, label: str) -> str:
