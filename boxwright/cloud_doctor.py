@@ -12,7 +12,19 @@ CLOUD = (
     # Railway has no Python SDK: boxwright's client is httpx + websockets; "A|B" is either variable.
     ("railway", "websockets", "railway", ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"), ()),
     ("upstash-box", "upstash_box", "upstash-box", ("UPSTASH_BOX_API_KEY",), ("UPSTASH_BOX_BASE_URL",)),
+    # Blaxel: without a key the SDK's `bl login` would do, but doctor only vouches for what it can see.
+    ("blaxel", "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), ("BL_REGION",)),
+    ("boxd", "boxd", "boxd", ("BOXD_API_KEY|BOXD_TOKEN", "BOXD_ORG"), ("BOXD_BASE_URL",)),
 )
+
+
+def sbx_check() -> tuple[str, str, bool, str]:
+    """Docker Sandboxes: a CLI, not an SDK. Whether ``sbx`` is on PATH (login is checked by use, not here)."""
+    import shutil
+
+    if shutil.which("sbx") is None:
+        return ("provider", "sbx", False, "needs the `sbx` CLI on PATH (Docker Sandboxes), `sbx login`, a hypervisor")
+    return ("provider", "sbx", True, "`sbx` on PATH (needs `sbx login` and a hypervisor: `sbx ls --json` tells)")
 
 
 def cloud_checks() -> list[tuple[str, str, bool, str]]:
@@ -31,4 +43,5 @@ def cloud_checks() -> list[tuple[str, str, bool, str]]:
         else:
             present = [next(v for v in var.split("|") if os.environ.get(v)) for var in needed]
             rows.append(("provider", name, True, f"${' and $'.join(present)} set{also}"))
+    rows.append(sbx_check())
     return rows
