@@ -34,6 +34,7 @@ import asyncio
 import base64
 import codecs
 import contextlib
+import os
 import secrets
 import signal as signals
 from collections.abc import Mapping
@@ -385,11 +386,9 @@ class UpstashBoxProvider:
 
     def instance_identity(self) -> dict[str, object]:
         """What shapes a sandbox of this provider: a change means a new sandbox."""
-        return {"runtime": self.runtime, "size": self.size, "base_url": self._opts().get("base_url")}
+        return {"runtime": self.runtime, "size": self.size, "base_url": self.base_url or os.environ.get(BASE_URL_ENV)}
 
     def _opts(self) -> dict[str, Any]:
-        import os
-
         key = self.api_key or os.environ.get(API_KEY_ENV)
         if not key:
             raise ProviderUnavailableError(NAME, f"no API key ({API_KEY_ENV} is not set)", KEY_HELP)

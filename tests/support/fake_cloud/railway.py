@@ -365,11 +365,12 @@ class FakeRailway:
             await websocket.close()
             return
         durable = bool(data.get("durable"))
-        if durable:
-            name = f"ds-{secrets.token_hex(6)}"
-            await websocket.send_text(json.dumps({"type": "durable_session", "data": {"durable_session_name": name}}))
         upstream = asyncio.ensure_future(self._upstream(websocket, machine, process, durable))
         try:
+            if durable:
+                name = f"ds-{secrets.token_hex(6)}"
+                session = {"type": "durable_session", "data": {"durable_session_name": name}}
+                await websocket.send_text(json.dumps(session))
             while (item := await process.output.get()) is not None:
                 await websocket.send_bytes((b"\x03" if item[0] == "stderr" else b"\x01") + item[1])
             code = await process.exit_code

@@ -311,9 +311,9 @@ class FakeUpstashBox:
             await websocket.send_text(json.dumps({"type": "error", "message": str(exc)}))
             await websocket.close()
             return
-        await websocket.send_text(json.dumps({"type": "started", "pid": process.pid, "execId": uuid.uuid4().hex}))
         upstream = asyncio.ensure_future(self._upstream(websocket, box.machine, process))
         try:
+            await websocket.send_text(json.dumps({"type": "started", "pid": process.pid, "execId": uuid.uuid4().hex}))
             while (item := await process.output.get()) is not None:
                 data = base64.b64encode(item[1]).decode()
                 await websocket.send_text(json.dumps({"type": item[0], "data": data}))
