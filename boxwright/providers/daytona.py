@@ -396,6 +396,10 @@ class DaytonaHandle:
         except daytona.DaytonaError as exc:
             await self.drop_session(session)
             raise SandboxCommandError("exec", -1, str(exc)) from exc
+        except asyncio.CancelledError:
+            # Cancelled while the daemon started it: the command may run already; its session goes with it.
+            await asyncio.shield(self.drop_session(session))
+            raise
         return DaytonaProcess(self, session, str(started.cmd_id), stdin, fifo)
 
     def drop_session_soon(self, session: str) -> None:

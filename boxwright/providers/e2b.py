@@ -239,7 +239,12 @@ class E2BProcesses:
             "p=$!; exec 3<&-; wait $p"
         )
         env = {**handle.env.get(), **(opts.env or {})}
-        process = await handle.start(line, env, map_path(opts.cwd or "", handle.workdir), stdin, pid_file)
+        try:
+            process = await handle.start(line, env, map_path(opts.cwd or "", handle.workdir), stdin, pid_file)
+        except asyncio.CancelledError:
+            # Cancelled while envd started it: the command may run already, its group recorded in the pid file.
+            await asyncio.shield(handle.kill_recorded(pid_file))
+            raise
         self.live.add(process)
         process._exit.add_done_callback(lambda _: self.live.discard(process))
         if opts.signal is not None:
@@ -346,6 +351,10 @@ class E2BHandle:
         except e2b.SandboxException as exc:  # envd refused to start it (a missing cwd, ...)
             raise SandboxCommandError("exec", -1, str(exc)) from exc
         return E2BProcess(self, sdk_handle, out, err, pid_file, stdin)
+
+    async def kill_recorded(self, pid_file: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.plain(script("kill", KILL_SCRIPT, pid_file, "KILL"))
 
     async def plain(self, line: str) -> ExecResult:
         """A helper command (fs op, kill script): no group wrapper, no handle env, in the workdir's parent."""

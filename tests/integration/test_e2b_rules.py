@@ -249,3 +249,27 @@ def test_the_sdk_kill_leaves_a_background_child_and_the_group_kill_does_not() ->
             await handle.destroy()
 
     run(body)
+
+
+def test_a_command_cancelled_while_envd_starts_it_is_killed() -> None:
+    fake = e2b_fake()
+    provider = e2b_fake_provider()
+
+    async def body() -> None:
+        handle = await provider.create()
+        try:
+            fake.start_delay = 1.5
+            try:
+                task = asyncio.ensure_future(handle.process.exec("( sleep 2 && touch late ) & sleep 2 && touch late2"))
+                await asyncio.sleep(0.7)  # the command runs; envd has not answered yet
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                fake.start_delay = 0.0
+            await asyncio.sleep(2.5)
+            assert (await handle.process.exec("ls late late2 2>/dev/null; true")).stdout == ""
+        finally:
+            await handle.destroy()
+
+    run(body)

@@ -86,6 +86,7 @@ class FakeE2B:
         self.snapshots: dict[str, str] = {}
         self.requests: list[tuple[str, str]] = []
         self.create_delay = 0.0  # seconds the create call takes after the machine exists
+        self.start_delay = 0.0  # seconds envd takes to confirm a started process
         self.server = ServerThread(self._app())
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -431,6 +432,8 @@ class _Process:
         except OSError as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, f"error starting process: {exc}") from exc
         event = process_pb.ProcessEvent
+        if self.fake.start_delay:
+            await asyncio.sleep(self.fake.start_delay)  # a slow answer: the command already runs
         yield process_pb.StartResponse(event=event(event=Oneof("start", event.StartEvent(pid=process.pid))))
         interval = float(ctx.request_headers.get("keepalive-ping-interval") or 50)
         while True:
