@@ -25,7 +25,7 @@ import msgspec
 from ._faults import fault_point
 from .abort import AbortController, AbortSignal
 from .auth import AuthMode
-from .colocated import ToolExecHost, colocated_drive
+from .colocated import RUNNER_SECRET_ENV, ToolExecHost, colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
 from .errors import AbortError, DurableRunIdRequiredError, HalfDurableRunError
 from .events import (
@@ -74,7 +74,7 @@ from .projection import TARGETS, project_workspace, projection_for
 from .runs import RUN_ABORTED_CODE, RUN_CANCELLED_CODE
 from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .scrub import EventScrubber, mask_then_tail
-from .secrets import SecretScope, process_secret_values, redact, resolve_all_secrets
+from .secrets import SecretScope, process_secret_values, redact, resolve_all_secrets, run_bridge_token
 from .shell import quote
 from .stores.base import LockStore, SandboxInstanceStore
 from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
@@ -246,7 +246,9 @@ async def run_agent(
     is the runner's own NDJSON (``journal.attach`` re-attaches to it), and ``runner_secret``
     (default ``$BOXWRIGHT_RUNNER_SECRET``; a durable run needs one) is what every host entitled
     to the run derives the runner's token from; ``tool_exec`` serves its host tools (default: a
-    listener of the drive's own; a coordinator passes its ``/tool-exec`` registry).
+    listener of the drive's own; a coordinator passes its ``/tool-exec`` registry). A host-driven
+    run derives its tool bridge's token from the same secret when there is one, so a replica that
+    takes it over serves the agent's calls under the token it already holds (else: a random token).
 
     ``journal`` makes the agent outlive this process; ``durability`` (the run record) decides
     what a dropped consumer means: detach (keep the sandbox) unless a cancel is recorded.
@@ -350,6 +352,7 @@ async def run_agent(
                     scrub,
                     file_hooks,
                     owns=lambda: not _superseded(durability),
+                    bridge_secret=shared_secret(runner_secret),
                 )
             )
             with secrets:
@@ -454,6 +457,7 @@ async def _drive(
     scrub: EventScrubber,
     file_hooks: Sequence[RunFileHooks] = (),
     owns: Callable[[], bool] = lambda: True,
+    bridge_secret: str | None = None,
 ) -> AsyncGenerator[Event, None]:
     executable = getattr(harness, "executable", None)
     agent_cli: list[str] | None = None
@@ -467,22 +471,30 @@ async def _drive(
         # The CLI's own plugin installer is the very executable the run starts, found the same way.
         await project_workspace(handle, projection, harness.name, executable=agent_cli or ("claude",))
     run = _Run(hctx.thread_id, hctx.run_id, scrub)
+    attaching = journal is not None and journal.attach
+    # A successor serves the agent's calls at once, but their events wait until its replay is past the
+    # stored log (see _HeldBridgeEvents).
+    bridge_events = _HeldBridgeEvents(run.on_bridge_event, held=attaching)
     own_bridge: HostToolBridge | None = None
     registration: BridgeRegistration | None = None
     # A harness may answer its permission prompts from the policy through the bridge (Claude Code).
     permission_tool = getattr(harness, "permission_tool", None)
-    permission = permission_tool(sandbox.policy, emit=run.on_bridge_event) if callable(permission_tool) else None
+    permission = permission_tool(sandbox.policy, emit=bridge_events.emit) if callable(permission_tool) else None
     if tools or permission is not None:
         if bridge is None:
             # No listener shared by the app: one for this run, closed with it.
             bridge = own_bridge = await start_host_tool_bridge(provider=handle.provider)
+        # Before anything else of a takeover's drive, so an agent's call held for this run is served
+        # soon. Derived from the replicas' secret when there is one: the agent's MCP config still
+        # holds the token its first driver gave it (boxwright.secrets.run_bridge_token).
         registration = bridge.register(
             hctx.run_id,
             tools,
             thread_id=hctx.thread_id,
             signal=signal,
-            emit_custom_event=run.on_bridge_event,
+            emit_custom_event=bridge_events.emit,
             permission=permission,
+            token=run_bridge_token(bridge_secret, hctx.run_id, hctx.thread_id),
         )
         scrub.add([registration.token])
         hctx.bridge = BridgeConfig(url=registration.url, token=registration.token)
@@ -525,7 +537,6 @@ async def _drive(
     remove_journal: JournalPaths | None = None  # removed by this drive once its terminal event is out
     try:
         await _write_files(handle, plan.files, hctx.cwd)
-        attaching = journal is not None and journal.attach
         if sandbox.file_events:
             on_file = _calling_hooks(run.on_file, hooks) if hooks.active else run.on_file
             watcher = WorkspaceWatcher(handle, on_file, root=hctx.cwd, hold=attaching)
@@ -558,6 +569,8 @@ async def _drive(
                         translator.resume(sent)
                 if watcher is not None:
                     caught_up = (await _resume_file_events(handle, paths, journal, watcher), watcher.release)
+                if registration is not None:
+                    caught_up = await _releasing_bridge_events(handle, paths, caught_up, bridge_events)
             if relay is not None and isinstance(translator, Interactive):
                 # Attached before the journal is read: a replayed request still unanswered is answered now.
                 channel = AgentChannel(relay, handle, hctx.cwd, run.queue.put_nowait, signal)
@@ -617,6 +630,7 @@ async def _drive(
         # both, so the end of a run costs that one read, never a fixed wait.
         diff = await _final_reads(handle, hctx.cwd, watcher, bool(getattr(harness, "emit_diff", True)))
         await hooks.drain()  # the run ends once its file hooks have seen every event
+        bridge_events.release()  # a replay that ended before its caught-up point: they go out last
         while not run.queue.empty():  # last file and bridge events
             for event in _events(run.queue.get_nowait()):
                 yield event
@@ -646,6 +660,57 @@ async def _drive(
         # After the terminal event: its consumer need not wait for the last kill, the watch
         # task's end or the bridge's close, which change nothing it is told.
         await teardown()
+
+
+def shared_secret(runner_secret: str | None) -> str | None:
+    """The secret every replica of a service shares: ``runner_secret``, else ``$BOXWRIGHT_RUNNER_SECRET``."""
+    return runner_secret if runner_secret is not None else os.environ.get(RUNNER_SECRET_ENV) or None
+
+
+class _HeldBridgeEvents:
+    """A run's tool-bridge events, held on a takeover until its replay is past the stored log.
+
+    Why: the successor serves the agent's calls as soon as it registers the run (one may have been
+    waiting, ``ToolBridgeApp.hold_unregistered``), before its replay of the journal has caught up,
+    and ``align_to_stored_log`` drops an out-of-band event met inside the stored prefix: the call
+    would run and its events be lost. Held, they go out in arrival order once released.
+    """
+
+    def __init__(self, emit: Callable[[str, Any], None], *, held: bool) -> None:
+        self._emit = emit
+        self._held: list[tuple[str, Any]] | None = [] if held else None
+
+    def emit(self, name: str, value: Any) -> None:
+        if self._held is None:
+            self._emit(name, value)
+        else:
+            self._held.append((name, value))
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        for name, value in held or ():
+            self._emit(name, value)
+
+
+async def _releasing_bridge_events(
+    handle: SandboxHandle,
+    paths: JournalPaths,
+    caught_up: tuple[int, Callable[[], None]] | None,
+    events: _HeldBridgeEvents,
+) -> tuple[int, Callable[[], None]]:
+    """``caught_up`` extended to release ``events`` too (at the journal's size now when there was none)."""
+    if caught_up is None:
+        size = 0
+        with contextlib.suppress(Exception):  # unreadable: released at once (the events may then be dropped)
+            size = int((await handle.process.exec(f"wc -c < {quote(paths.journal)} 2>/dev/null || echo 0")).stdout)
+        return size, events.release
+    size, first = caught_up
+
+    def both() -> None:
+        first()
+        events.release()
+
+    return size, both
 
 
 async def _store_listing(handle: SandboxHandle, paths: JournalPaths, watcher: WorkspaceWatcher, cwd: str) -> str | None:

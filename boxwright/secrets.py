@@ -11,6 +11,8 @@ text (error messages, event payloads).
 
 from __future__ import annotations
 
+import hashlib as _hashlib
+import hmac as _hmac
 import logging
 import threading
 import weakref
@@ -110,6 +112,24 @@ _REGISTRY: weakref.WeakKeyDictionary[Secrets, dict[str, str]] = weakref.WeakKeyD
 def mint_token(nbytes: int = 32) -> str:
     """A fresh per-run bearer token (``TOKEN_PREFIX`` + URL-safe random): see ``TOKEN_PREFIX`` for why the prefix."""
     return TOKEN_PREFIX + _token_urlsafe(nbytes)
+
+
+def run_bridge_token(secret: str | None, run_id: str, thread_id: str) -> str:
+    """The bearer token of run ``run_id``'s tool bridge: derived under ``secret`` when one is shared, else minted.
+
+    Why derived: the agent's MCP config (the bridge URL and this token) is written once, when the agent
+    starts, and no CLI re-reads it, so a replica that takes the run over must serve the run's tools under
+    the very token its predecessor handed out. An HMAC-SHA256 of the run and thread ids under the secret
+    the replicas share (``runner_secret`` / ``$BOXWRIGHT_RUNNER_SECRET``, the shape of
+    ``colocated.runner_token``) is that token on every replica, and nothing secret is stored; it differs
+    per run, so an agent that learns its own token learns no other run's. ``TOKEN_PREFIX`` too: every
+    host's scrubber holds back the same delta ends (see ``TOKEN_PREFIX``). Without a secret (a single
+    host, which no successor needs to match): ``mint_token()``.
+    """
+    if not secret:
+        return mint_token()
+    message = f"boxwright bridge token v1\0{run_id}\0{thread_id}".encode()
+    return TOKEN_PREFIX + _hmac.new(secret.encode(), message, _hashlib.sha256).hexdigest()
 
 
 def create_secrets(values: Mapping[str, str] | None = None, /, **kw: str) -> Secrets:

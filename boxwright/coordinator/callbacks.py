@@ -6,6 +6,11 @@ Do-drives: the whole MCP bridge at ``/_bridge/runs/<id>/mcp`` (``MountedToolBrid
 minted by ``boxwright.secrets.mint_token()`` before its URL exists, lives only in memory and is
 dropped at settle (S1); a call without it is a 401 that runs nothing, a call after settle a 404.
 The URLs come from the configured origin (``hosts.resolve_bridge_origin``), never from a request.
+With a secret the replicas share (``runner_secret``), a do-drive's bridge token is derived from it
+and the run's ids instead (``boxwright.secrets.run_bridge_token``), and with ``public_origin`` its
+URL is the deployment's, not this replica's: after a takeover the agent's calls, still made with
+the URL and token its first driver gave it, reach the successor, which registered the run under
+that same token (a call arriving first waits for it: ``ToolBridgeApp.hold_unregistered``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import inspect
 import logging
 import sys
@@ -33,7 +34,7 @@ from starlette.websockets import WebSocket
 
 from boxwright._json import BoundedDecoder, JsonBoundsError
 from boxwright.abort import AbortController, AbortSignal, wait_unless_aborted
-from boxwright.agent import JournalCleanup, JournalOptions, run_agent
+from boxwright.agent import JournalCleanup, JournalOptions, run_agent, shared_secret
 from boxwright.colocated import ToolExecHost
 from boxwright.definition import SandboxDefinition
 from boxwright.errors import (
@@ -65,7 +66,7 @@ from boxwright.runs import (
     request_run_cancel,
     was_cancel_requested,
 )
-from boxwright.secrets import redact
+from boxwright.secrets import TOKEN_PREFIX, redact, run_bridge_token
 from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
 from boxwright.takeover import RunClaim, align_to_stored_log, is_out_of_band, sandbox_run_driver
 from boxwright.tool_bridge import HostToolBridge
@@ -89,6 +90,11 @@ RunMode: TypeAlias = Literal["host-driven", "colocated"]
 # What leaving ``async with service:`` (or the app's lifespan) does to the runs still going.
 OnClose: TypeAlias = Literal["detach", "drain", "cancel"]
 ON_CLOSE: Final = ("detach", "drain", "cancel")
+
+
+# "Bearer " + a derived bridge token (TOKEN_PREFIX + an HMAC-SHA256 hex digest).
+_DERIVED_BEARER: Final = f"Bearer {TOKEN_PREFIX}".encode()
+_DERIVED_LEN: Final = len(_DERIVED_BEARER) + 64
 
 
 class ServiceClosedError(RuntimeError):
@@ -298,6 +304,10 @@ class SandboxService:
         # One tool bridge every run of this service registers on (the coordinator mounts it on its
         # own origin); None: each run with tools starts a listener of its own.
         self.bridge = bridge
+        if bridge is not None:
+            # After a takeover the agent's calls come to the successor (the public origin): one that
+            # arrives before the run is registered here waits for it (_expected_bridge_call).
+            bridge.app.hold_unregistered(self._expected_bridge_call)
         # The questions (the policy's ``ask``) runs driven here wait on; POST /runs/{id}/approval answers them.
         self.approvals = approvals if approvals is not None else ApprovalDesk()
         # Co-located runs: the replicas' shared secret the runner token is derived from (boxwright.colocated).
@@ -728,6 +738,30 @@ class SandboxService:
             return False
         entry.task.add_done_callback(functools.partial(self._forget, run_id, entry))
         return True
+
+    async def _expected_bridge_call(self, run_id: str, authorization: bytes) -> Callable[[], bool] | None:
+        """A tool-bridge call for a run not registered here: is it that run's agent, and is the run coming?
+
+        Only a call bearing the run's derived token (``run_bridge_token`` under the replicas' secret) is
+        vouched for: it is the agent of a running run whose driver went away, so the run is taken over
+        here (if nobody here drives it yet), and the call waits while that drive is on its way (the
+        claim may still refuse it: a live driver elsewhere). Anything else: ``None``, a 404 at once.
+        """
+        secret = shared_secret(self._runner_secret)
+        # A cheap shape check first: no store read for a call that cannot carry a derived token.
+        if not secret or not authorization.startswith(_DERIVED_BEARER) or len(authorization) != _DERIVED_LEN:
+            return None
+        try:
+            record = await self.runs.get(run_id)
+        except Exception:
+            return None
+        if record is None or record.status != "running":
+            return None
+        expected = f"Bearer {run_bridge_token(secret, run_id, record.thread_id)}".encode()
+        if not hmac.compare_digest(authorization, expected):
+            return None
+        await self.take_over_if_orphaned(run_id)
+        return lambda: run_id in self._here and not self._closing
 
     async def attach(self, run_id: str, *, wait_s: float = ATTACH_WAIT_S) -> AttachOutcome:
         """``POST /runs/{id}/attach``: adopt ``run_id`` if nobody drives it (R28, R40); never raises.

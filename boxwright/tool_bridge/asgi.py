@@ -10,7 +10,9 @@ Order of checks per request: a run segment that is no run id (400 ``{"error", "c
 (405 unless POST), declared and then actual body size (413, read incrementally), JSON (400 with
 JSON-RPC -32700), then the dispatcher: 202 for notifications, 400 for a message that is not a
 valid JSON-RPC request (-32600, batches included), 200 with the JSON-RPC reply otherwise. Anything
-else is a 500 ``{"error":"bridge error"}``: no traceback, no token.
+else is a 500 ``{"error":"bridge error"}``: no traceback, no token. A call for a run not registered
+here is held before the route check when the app was told that run is coming (``hold_unregistered``:
+a replica taking the run over, with the run's derived token; ``boxwright.secrets.run_bridge_token``).
 
 Where the listener binds and which URL the sandbox is given (never a request's ``Host`` header):
 
@@ -84,7 +86,14 @@ DOCKER_PROVIDERS = frozenset({"docker", "sbx"})
 _MIN_TOKEN_CHARS = 32
 
 _JSON = b"application/json"
+# A call for a run being taken over waits this long at most (the co-located runner holds one as long).
+DEFAULT_HOLD_S = 120.0
+_HOLD_POLL_S = 0.05
 _BRIDGE_ERROR = b'{"error":"bridge error"}'
+
+
+# (run id, the call's Authorization header) -> None: not this run's agent; else still_coming().
+ExpectRun = Callable[[str, bytes], Awaitable[Callable[[], bool] | None]]
 
 
 # -- HTTP plumbing shared with the tool-exec endpoint ---------------------------------------------
@@ -314,6 +323,8 @@ class ToolBridgeApp:
         self.max_body_bytes = max_body_bytes
         self._runs: dict[str, _Run] = {}
         self._slots = RunSlots(max_requests_per_run)
+        self._expected: ExpectRun | None = None
+        self._hold_s = 0.0
 
     @staticmethod
     def path_for(run_id: str) -> str:
@@ -384,6 +395,35 @@ class ToolBridgeApp:
             if entry.registration is not None:
                 entry.registration.close()
 
+    def hold_unregistered(self, expected: ExpectRun, *, hold_s: float = DEFAULT_HOLD_S) -> None:
+        """Hold a call for a run not registered here while ``expected`` says it is coming, up to ``hold_s``.
+
+        Why: a replica that takes a run over registers its tools only once it holds the run's claim,
+        but the agent goes on in its sandbox meanwhile and its next call (the public origin now routes
+        it here) would be a 404 it does not retry. ``expected(run_id, authorization)`` (the service's)
+        returns ``None`` for a call it does not vouch for (answered at once, 404 as before), else a
+        ``still_coming()`` polled while the call waits; the call is then served once the run is
+        registered, checked like any other, or answered 404 once it is no longer coming or ``hold_s``
+        passed. A held call takes its token's slot (``RunSlots``) like any other.
+        """
+        self._expected = expected
+        self._hold_s = hold_s
+
+    async def _registered(self, run_id: str, headers: _RequestHeaders) -> _Run | None:
+        if self._expected is None or len(headers.authorization) != 1:
+            return None
+        still_coming = await self._expected(run_id, headers.authorization[0])
+        if still_coming is None:
+            return None
+        deadline = asyncio.get_running_loop().time() + self._hold_s
+        # Polled, not awaited on an event: a hold is rare (a takeover's first seconds), and a poll
+        # leaves nothing behind when the caller goes away or the run never comes.
+        while (entry := self._runs.get(run_id)) is None:
+            if not still_coming() or asyncio.get_running_loop().time() >= deadline:
+                return None
+            await asyncio.sleep(_HOLD_POLL_S)
+        return entry
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await _refuse_non_http(scope, receive, send)
@@ -408,11 +448,13 @@ class ToolBridgeApp:
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         segments = _path_segments(scope)
         entry = None
+        headers = _RequestHeaders(scope)
         if segments is not None and len(segments) == 3 and segments[0] == "runs" and segments[2] == "mcp":
             if await refuse_bad_run_id(send, segments[1]):
                 return
             entry = self._runs.get(segments[1])
-        headers = _RequestHeaders(scope)
+            if entry is None:
+                entry = await self._registered(segments[1], headers)
         body = await read_gated_body(
             scope, receive, send, headers, entry.authorization if entry else None, self.max_body_bytes
         )
