@@ -110,7 +110,8 @@ _TERM_GRACE = 2.0
 _KILL_CONFIRM = 10.0
 _READY_TIMEOUT = 120.0
 _RESUME_TIMEOUT = 60.0
-_POLL = 0.5
+# Status polls back off from 0.1 s to 0.5 s: a sandbox is often RUNNING within a moment of its create answer.
+_POLLS = (0.1, 0.2, 0.3, 0.5)
 # A shell token is short-lived on Railway's side; a fresh one is minted before this age.
 _TOKEN_AGE = 240.0
 
@@ -669,12 +670,14 @@ class RailwayProvider:
         sandbox = dict(data["sandboxCreate"])
         minted.set_result(str(sandbox["id"]))
         deadline = time.monotonic() + _READY_TIMEOUT
+        polls = 0
         while sandbox.get("status") != "RUNNING":
             if sandbox.get("status") in TERMINAL:
                 raise RailwayError("create", f"sandbox {sandbox['id']} is {sandbox.get('status')}")
             if time.monotonic() > deadline:
                 raise RailwayError("create", f"sandbox {sandbox['id']} not RUNNING after {_READY_TIMEOUT:.0f} s")
-            await asyncio.sleep(_POLL)
+            await asyncio.sleep(_POLLS[min(polls, len(_POLLS) - 1)])
+            polls += 1
             sandbox = await self._get(str(sandbox["id"])) or {**sandbox, "status": "DESTROYED"}
         return sandbox
 
@@ -697,10 +700,12 @@ class RailwayProvider:
             input.signal.throw_if_aborted()
         sandbox = await self._get(input.id)
         deadline = time.monotonic() + _RESUME_TIMEOUT
+        polls = 0
         while sandbox is not None and sandbox.get("status") == "CREATING":
             if time.monotonic() > deadline:
                 raise RailwayError("resume", f"sandbox {input.id} still CREATING after {_RESUME_TIMEOUT:.0f} s")
-            await asyncio.sleep(_POLL)
+            await asyncio.sleep(_POLLS[min(polls, len(_POLLS) - 1)])
+            polls += 1
             sandbox = await self._get(input.id)
         if sandbox is None or sandbox.get("status") in TERMINAL:
             return None
