@@ -36,6 +36,8 @@ class CloudEntry:
     fake: Build  # the provider against its fake (started on first use)
     live: Build  # the provider against the real service
     port: int = 8080
+    probe: Callable[[], str | None] | None = None  # why the live service is unusable beyond env (sbx: a CLI)
+    journal_skip: str | None = None  # why the journal suite cannot run on this provider at all (Cloudflare: CF4)
     follow_unsupported: str | None = None  # why its journal polls (not both background and killable)
 
 
@@ -218,6 +220,89 @@ def _boxd_live(logger: RecordingLogger) -> Any:
     return boxd_sandbox(vcpu=1, auto_destroy_timeout=3600, logger=logger, labels={"boxwright.test": "1"})
 
 
+# -- Docker Sandboxes (sbx) -----------------------------------------------------------------------
+
+
+def sbx_fake() -> Any:
+    from tests.support.fake_cloud.sbx_daemon import FakeSbxDaemon
+
+    return running_fake("sbx", lambda: FakeSbxDaemon(BASE_IMAGE))
+
+
+@functools.cache
+def _sbx_repo() -> str:
+    import tempfile
+
+    from tests.support.fake_cloud.sbx_daemon import fake_repo
+
+    root = tempfile.mkdtemp(prefix="boxwright-sbx-repo-")
+    atexit.register(lambda: __import__("shutil").rmtree(root, ignore_errors=True))
+    return fake_repo(root)
+
+
+def sbx_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """An ``sbx_sandbox`` driving the fake ``sbx`` CLI, whose daemon runs the VMs as containers."""
+    from boxwright.providers.sbx import sbx_sandbox
+    from tests.support.fake_cloud.sbx_daemon import CLI
+
+    fake = sbx_fake()
+    extra.setdefault("workspace_dir", _sbx_repo())
+    extra.setdefault("binary", CLI)
+    return sbx_sandbox(cli_env=fake.env, logger=logger or RecordingLogger(), **extra)
+
+
+def _sbx_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.sbx import sbx_sandbox
+
+    return sbx_sandbox(workspace_dir=_sbx_repo(), logger=logger)
+
+
+def _sbx_probe() -> str | None:
+    """The live sbx suite runs only where `sbx ls --json` answers (installed, signed in, hypervisor)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("sbx") is None:
+        return "live sbx needs the `sbx` CLI on PATH (not installed)"
+    try:
+        done = subprocess.run(["sbx", "ls", "--json"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"live sbx needs a working `sbx ls --json` ({exc!r})"
+    if done.returncode != 0:
+        return f"live sbx needs a working `sbx ls --json` (sbx login?): {done.stderr.strip()[:120]}"
+    return None
+
+
+# -- Cloudflare -----------------------------------------------------------------------------------
+
+CLOUDFLARE_JOURNAL_SKIP = (
+    "needs a Workers runtime with the Sandbox Durable Object binding (CF4): a Python process has none, and "
+    "kill() cannot reach a process there"
+)
+
+
+def cloudflare_fake() -> Any:
+    from tests.support.fake_cloud.cloudflare import FakeCloudflareWorker
+
+    return running_fake("cloudflare", lambda: FakeCloudflareWorker(BASE_IMAGE))
+
+
+def cloudflare_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """A ``cloudflare_sandbox`` pointed at the fake of boxwright's Worker."""
+    from boxwright.providers.cloudflare import cloudflare_sandbox
+
+    fake = cloudflare_fake()
+    extra.setdefault("token", fake.token)
+    extra.setdefault("preview_hostname", "preview.cf.fake")
+    return cloudflare_sandbox(worker_url=fake.url, logger=logger or RecordingLogger(), **extra)
+
+
+def _cloudflare_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.cloudflare import cloudflare_sandbox
+
+    return cloudflare_sandbox(preview_hostname=os.environ.get("BOXWRIGHT_CLOUDFLARE_PREVIEW_HOST"), logger=logger)
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
@@ -225,6 +310,17 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), blaxel_fake_provider, _blaxel_live
     ),
     "boxd": CloudEntry("boxd", "boxd", ("BOXD_API_KEY", "BOXD_ORG"), boxd_fake_provider, _boxd_live),
+    # No SDK: the provider drives the `sbx` CLI (its fake: tests/support/fake_cloud/sbx).
+    "sbx": CloudEntry(
+        "sbx", "boxwright", (), sbx_fake_provider, _sbx_live, probe=_sbx_probe,
+        follow_unsupported="sbx's recorded-pid kill is not measured against a real microVM (seed)",
+    ),
+    # No SDK: a Worker of ours (deploy/cloudflare/) fronts the Durable Object; its client is httpx.
+    "cloudflare": CloudEntry(
+        "cloudflare", "httpx", ("BOXWRIGHT_CLOUDFLARE_URL", "BOXWRIGHT_CLOUDFLARE_TOKEN"),
+        cloudflare_fake_provider, _cloudflare_live, journal_skip=CLOUDFLARE_JOURNAL_SKIP,
+        follow_unsupported="no signal crosses Workers RPC: kill() cannot reach the process (seed)",
+    ),
     "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
     "daytona": CloudEntry(
         "daytona",
@@ -303,6 +399,8 @@ def live_problem(name: str) -> str | None:
     missing = [var for var in entry.env if not any(os.environ.get(v) for v in var.split("|"))]
     if missing:
         return f"live {name} needs {' and '.join(m.replace('|', ' or ') for m in missing)} (unset)"
+    if entry.probe is not None:
+        return entry.probe()
     return _sdk_problem(entry.sdk)
 
 
