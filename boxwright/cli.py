@@ -28,7 +28,7 @@ class Check(msgspec.Struct):
 
 
 # Names a user of other sandbox libraries looks for: listed so that doctor says plainly they are not here yet.
-NOT_SUPPORTED_YET = tuple(("provider", name) for name in ("vercel", "sprites", "cloudflare"))
+NOT_SUPPORTED_YET = tuple(("provider", name) for name in ("vercel", "sprites"))
 NOT_SUPPORTED = "not supported yet: boxwright has no provider or harness for it"
 
 

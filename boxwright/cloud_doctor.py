@@ -15,6 +15,8 @@ CLOUD = (
     # Blaxel: without a key the SDK's `bl login` would do, but doctor only vouches for what it can see.
     ("blaxel", "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), ("BL_REGION",)),
     ("boxd", "boxd", "boxd", ("BOXD_API_KEY|BOXD_TOKEN", "BOXD_ORG"), ("BOXD_BASE_URL",)),
+    # Cloudflare: a Worker of ours (deploy/cloudflare/) fronts the Durable Object; the client is httpx (core).
+    ("cloudflare", "httpx", "cloudflare", ("BOXWRIGHT_CLOUDFLARE_URL", "BOXWRIGHT_CLOUDFLARE_TOKEN"), ()),
 )
 
 
