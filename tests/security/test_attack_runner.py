@@ -8,8 +8,12 @@ Each refusal is a 4xx that starts nothing and leaves the runner serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from boxwright.runner.server import create_runner_app
 from boxwright.tool_bridge import serve_asgi
+from tests.support.replicas import free_port
 
 TOKEN_X = "runner-x-" + "x" * 32
 TOKEN_Y = "runner-y-" + "y" * 32
@@ -178,3 +184,41 @@ def test_a_body_over_the_cap_is_413_before_it_is_read(tmp_path: Path) -> None:
             assert (await http.get(f"{url}/health")).status_code == 200
 
     asyncio.run(main())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the runner's token is in its environ, which an agent running as the same user reads from "
+    "/proc/<runner pid>/environ (deploy/runner/Dockerfile: runner and agent are both `agent`); unsetenv "
+    "does not clear that page. Fix: hand the token over stdin or a 0400 file of another user, or run "
+    "the agent under another uid",
+)
+def test_an_agent_as_the_runners_user_cannot_read_the_runner_token(tmp_path: Path) -> None:
+    port = free_port()
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "boxwright.runner", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, "BOXWRIGHT_RUNNER_TOKEN": TOKEN_X},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            assert runner.poll() is None and time.monotonic() < deadline, "the runner did not start"
+            time.sleep(0.05)
+        # What an agent's shell can do: it knows the runner's pid (its ancestor) and its port (the host's).
+        agent = subprocess.run(
+            ["sh", "-c", f"tr '\\0' '\\n' < /proc/{runner.pid}/environ | sed -n 's/^BOXWRIGHT_RUNNER_TOKEN=//p'"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        found = agent.stdout.strip()
+        stopped = httpx.post(f"http://127.0.0.1:{port}/shutdown", headers=_auth(found), timeout=10)
+        assert stopped.status_code == 401, f"the agent read the runner token and stopped the runner ({stopped})"
+    finally:
+        runner.kill()
+        runner.wait(timeout=10)
