@@ -760,7 +760,11 @@ class SandboxService:
         expected = f"Bearer {run_bridge_token(secret, run_id, record.thread_id)}".encode()
         if not hmac.compare_digest(authorization, expected):
             return None
-        await self.take_over_if_orphaned(run_id)
+        try:
+            await self.take_over_if_orphaned(run_id)
+        except Exception as exc:  # as for a tail: the next call (or tail) tries again
+            log.warning("run %r: could not take it over: %s", run_id, redact(f"{type(exc).__name__}: {exc}"))
+            return None
         return lambda: run_id in self._here and not self._closing
 
     async def attach(self, run_id: str, *, wait_s: float = ATTACH_WAIT_S) -> AttachOutcome:
