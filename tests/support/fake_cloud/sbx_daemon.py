@@ -25,6 +25,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 import tarfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ class FakeSbxDaemon:
 
     @property
     def env(self) -> dict[str, str]:
-        return {URL_ENV: self.server.url}
+        return {URL_ENV: self.server.url, "BOXWRIGHT_FAKE_SBX_PYTHON": sys.executable}
 
     def commands(self) -> list[str]:
         """Every command line run inside the VMs."""
