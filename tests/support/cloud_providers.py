@@ -157,8 +157,11 @@ def blaxel_fake_provider(logger: RecordingLogger | None = None, **extra: Any) ->
     extra.setdefault("api_key", fake.api_key)
     extra.setdefault("workspace", fake.workspace)
     return blaxel_sandbox(
-        api_url=fake.api_url, region="us-pdx-1", logger=logger or RecordingLogger(),
-        labels={"boxwright.test": "1"}, **extra,
+        api_url=fake.api_url,
+        region="us-pdx-1",
+        logger=logger or RecordingLogger(),
+        labels={"boxwright.test": "1"},
+        **extra,
     )
 
 
@@ -306,19 +309,26 @@ def _cloudflare_live(logger: RecordingLogger) -> Any:
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
-    "blaxel": CloudEntry(
-        "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), blaxel_fake_provider, _blaxel_live
-    ),
+    "blaxel": CloudEntry("blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), blaxel_fake_provider, _blaxel_live),
     "boxd": CloudEntry("boxd", "boxd", ("BOXD_API_KEY", "BOXD_ORG"), boxd_fake_provider, _boxd_live),
     # No SDK: the provider drives the `sbx` CLI (its fake: tests/support/fake_cloud/sbx).
     "sbx": CloudEntry(
-        "sbx", "boxwright", (), sbx_fake_provider, _sbx_live, probe=_sbx_probe,
+        "sbx",
+        "boxwright",
+        (),
+        sbx_fake_provider,
+        _sbx_live,
+        probe=_sbx_probe,
         follow_unsupported="sbx's recorded-pid kill is not measured against a real microVM (seed)",
     ),
     # No SDK: a Worker of ours (deploy/cloudflare/) fronts the Durable Object; its client is httpx.
     "cloudflare": CloudEntry(
-        "cloudflare", "httpx", ("BOXWRIGHT_CLOUDFLARE_URL", "BOXWRIGHT_CLOUDFLARE_TOKEN"),
-        cloudflare_fake_provider, _cloudflare_live, journal_skip=CLOUDFLARE_JOURNAL_SKIP,
+        "cloudflare",
+        "httpx",
+        ("BOXWRIGHT_CLOUDFLARE_URL", "BOXWRIGHT_CLOUDFLARE_TOKEN"),
+        cloudflare_fake_provider,
+        _cloudflare_live,
+        journal_skip=CLOUDFLARE_JOURNAL_SKIP,
         follow_unsupported="no signal crosses Workers RPC: kill() cannot reach the process (seed)",
     ),
     "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
