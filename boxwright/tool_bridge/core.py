@@ -14,6 +14,7 @@ import asyncio
 import importlib.metadata
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -113,7 +114,10 @@ class ToolBridgeCore:
         self.thread_id = thread_id
         self.history: list[ToolCallRecord] = []
         self._call_ids = itertools.count()
-        self._call_prefix = f"{run_id}-bridge-" if run_id else "bridge-"
+        # A nonce per registration: a host that takes a run over registers it again and counts from 0, and
+        # its calls must not reuse the ids its predecessor's calls already have in the run's log.
+        nonce = secrets.token_hex(3)
+        self._call_prefix = f"{run_id}-bridge-{nonce}-" if run_id else f"bridge-{nonce}-"
 
     @property
     def tools(self) -> Mapping[str, Tool]:

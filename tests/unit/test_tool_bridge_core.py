@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import re
 from typing import Any
 
 import msgspec
@@ -150,21 +151,33 @@ def test_history_and_bridge_events_record_every_call() -> None:
         await core.call_tool("explode", {})
 
     run(main())
+    first, second = (r.call_id for r in core.history)
+    assert re.fullmatch(r"r7-bridge-[0-9a-f]{6}-0", first) and second == first[:-1] + "1"
     assert [(r.call_id, r.name, r.args, r.ok, r.error) for r in core.history] == [
-        ("r7-bridge-0", "add", {"a": 1, "b": 1}, True, None),
-        ("r7-bridge-1", "explode", {}, False, "boom"),
+        (first, "add", {"a": 1, "b": 1}, True, None),
+        (second, "explode", {}, False, "boom"),
     ]
     assert all(r.duration_ms >= 0 for r in core.history)
     wire = msgspec.json.decode(msgspec.json.encode(core.history[0]))
     assert set(wire) == {"callId", "name", "args", "ok", "durationMs"}  # camelCase, no null error
     assert [(name, value["callId"]) for name, value in events] == [
-        (BRIDGE_STARTED_EVENT, "r7-bridge-0"),
-        (BRIDGE_FINISHED_EVENT, "r7-bridge-0"),
-        (BRIDGE_STARTED_EVENT, "r7-bridge-1"),
-        (BRIDGE_FAILED_EVENT, "r7-bridge-1"),
+        (BRIDGE_STARTED_EVENT, first),
+        (BRIDGE_FINISHED_EVENT, first),
+        (BRIDGE_STARTED_EVENT, second),
+        (BRIDGE_FAILED_EVENT, second),
     ]
-    assert events[0][1] == {"callId": "r7-bridge-0", "toolName": "add", "args": {"a": 1, "b": 1}}
+    assert events[0][1] == {"callId": first, "toolName": "add", "args": {"a": 1, "b": 1}}
     assert events[3][1]["error"] == "boom" and events[3][1]["toolName"] == "explode"
+
+
+def test_a_second_registration_of_a_run_never_reuses_a_call_id() -> None:
+    # A successor host registers the run again: its first call must not collide with the first one stored.
+    ids = []
+    for _ in range(2):
+        core = create_tool_bridge_core(TOOLS, run_id="r7", thread_id="t1")
+        run(core.call_tool("add", {"a": 1, "b": 1}))
+        ids.append(core.history[0].call_id)
+    assert ids[0] != ids[1]
 
 
 def test_a_failing_event_sink_does_not_fail_the_call() -> None:
