@@ -1,6 +1,7 @@
 """Docker provider bench: create-to-first-exec and exec round trip, side by side in one run.
 
     .venv/bin/python bench/docker.py [--image IMAGE] [--rounds N] [--execs N] [--no-swerex]
+    .venv/bin/python bench/docker.py --profile [--rounds N]   # where create's ms go, per engine call
 
 Peers, each measured here on the same engine and image:
   - the Docker CLI: `docker run --rm IMAGE true` (create) and `docker exec CID true` (exec);
@@ -106,6 +107,59 @@ class Boxwright:
     async def close(self) -> None:
         if self.handle is not None:
             await self.handle.destroy()
+
+
+async def profile(image: str, rounds: int) -> None:
+    """Create to first exec per engine call, A/B interleaved with the CLI: the keep-alive's own setup (default)
+    against the host's (a non-default keep-alive: put_archive + a root chmod exec, then docker exec)."""
+    from boxwright.providers.docker import DockerProvider
+
+    label = {"boxwright.bench": "1"}
+    peers = {
+        "keep-alive setup": DockerProvider(image, labels=label),
+        "host setup": DockerProvider(image, labels=label, keep_alive_command=("sh", "-c", "exec sleep infinity")),
+    }
+    steps: dict[str, dict[str, list[float]]] = {name: {} for name in peers}
+    totals: dict[str, list[float]] = {name: [] for name in [*peers, "cli"]}
+    for name, provider in peers.items():
+        api = await provider._connected()
+        call = api.call
+
+        async def timed(fn: Any, *args: Any, _call: Any = call, _steps: Any = steps[name], **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await _call(fn, *args, **kwargs)
+            finally:
+                _steps.setdefault(getattr(fn, "__name__", "?"), []).append(time.perf_counter() - started)
+
+        api.call = timed  # type: ignore[method-assign]
+    cli = Cli(image)
+    try:
+        for i in range(rounds):
+            names = [*peers, "cli"]
+            for name in names[i % 3 :] + names[: i % 3]:
+                if name == "cli":
+                    totals[name].append(await cli.create())
+                    continue
+                started = time.perf_counter()
+                handle = await peers[name].create()
+                made = time.perf_counter()
+                await handle.process.exec("true")
+                done = time.perf_counter()
+                totals[name].append(done - started)
+                steps[name].setdefault("= create()", []).append(made - started)
+                steps[name].setdefault("= first exec", []).append(done - made)
+                await handle.destroy()
+    finally:
+        await cli.close()
+    print(f"image {image}, {rounds} interleaved rounds, medians (engine calls on the create path and after it)")
+    for name in peers:
+        print(
+            f"  {name}: create->first exec {_median_ms(totals[name]):7.1f} ms, {_paired(totals[name], totals['cli'])}"
+        )
+        for step, values in steps[name].items():
+            print(f"    {step:20s} x{len(values) / rounds:4.1f} per round  {_median_ms(values):7.1f} ms")
+    print(f"  docker run --rm true: {_median_ms(totals['cli']):7.1f} ms")
 
 
 def ensure_swerex(base_image: str) -> str | None:
@@ -239,13 +293,28 @@ def _paired(mine: list[float], theirs: list[float]) -> str:
     return f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}..{max(ratios):.2f})"
 
 
+def _remove_left() -> None:
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={LABEL}"], capture_output=True, text=True
+    ).stdout.split()
+    if left:
+        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image", default=os.environ.get("BOXWRIGHT_RUNNER_IMAGE", "boxwright-runner:latest"))
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--execs", type=int, default=5, help="exec round trips per peer per round")
     parser.add_argument("--no-swerex", action="store_true", help="skip the SWE-ReX peer")
+    parser.add_argument("--profile", action="store_true", help="create's engine calls, keep-alive vs host setup")
     args = parser.parse_args()
+    if args.profile:
+        try:
+            asyncio.run(profile(args.image, args.rounds))
+        finally:
+            _remove_left()
+        return 0
     why = "skipped (--no-swerex)" if args.no_swerex else ensure_swerex(args.image)
 
     async def run() -> dict[str, dict[str, list[float]]]:
@@ -262,11 +331,7 @@ def main() -> int:
     try:
         found = asyncio.run(run())
     finally:
-        left = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label={LABEL}"], capture_output=True, text=True
-        ).stdout.split()
-        if left:
-            subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+        _remove_left()
     cli, bw, rex = found["cli"], found["boxwright"], found.get("swerex")
     print(f"image {args.image}, {args.rounds} interleaved rounds ({args.execs} execs each), medians")
     print(

@@ -98,11 +98,13 @@ asyncio.run(main())
 """
 
 # The container's command when the handle serves from it. As the user: wait for root's `chmod 1777 /` (a
-# root exec the host starts), make the workspace, say so on stdout (the host's attach stream); then, at the
-# host's "go" line (after the first command: python starting beside it slows it on a loaded machine), become
-# python3 reading one JSON line on stdin holding the token, the workdir and SERVER: never in the config, env
-# or command line that a commit or `docker inspect` shows. Anything going wrong (no python3, a restart with
-# nobody attached) leaves a plain keep-alive; the handle then uses docker exec.
+# root exec the host starts), make the workspace, say so on stdout (the host's attach stream). It then runs
+# the host's "run" lines (a base64 script, output on its own stdout/stderr, ended by the line's nonce and
+# the exit code): the first command costs no docker exec. At the host's "go" line (after the first command:
+# python starting beside it slows it on a loaded machine) it becomes python3 reading one JSON line on stdin
+# holding the token and SERVER: never in the config, env or command line a commit or `docker inspect` shows.
+# Anything going wrong (no python3, a restart with nobody attached) leaves a plain keep-alive; the handle
+# then uses docker exec. Without `setsid` a command it ran could not be killed as a group: it runs none.
 LOADER = r"""
 import json, sys, time
 try:
@@ -115,10 +117,16 @@ while True:
 """
 _KEEP_ALIVE_SH = """i=0
 while [ ! -w / ] && [ $i -lt 2000 ]; do sleep 0.01; i=$((i+1)); done
-if [ -w / ] && mkdir -p -- "$1"; then echo boxwright-setup-ok; else echo boxwright-setup-failed; fi
-read -r _ || exec sleep infinity
-command -v python3 >/dev/null 2>&1 && exec python3 -c "$2"
-echo boxwright-no-python
+if [ -w / ] && mkdir -p -- "$1"; then
+  if command -v setsid >/dev/null 2>&1; then echo boxwright-setup-ok; else echo boxwright-setup-ok-no-setsid; fi
+else echo boxwright-setup-failed; fi
+while read -r kind nonce script; do
+  case "$kind" in
+    run) (eval "$(printf %s "$script" | base64 -d)") </dev/null; c=$?
+      printf '%s %d\\n' "$nonce" "$c"; printf '%s\\n' "$nonce" >&2;;
+    go) command -v python3 >/dev/null 2>&1 && exec python3 -c "$2"; echo boxwright-no-python;;
+  esac
+done
 exec sleep infinity"""
 
 

@@ -29,6 +29,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import signal as signals
 import socket
 import struct
@@ -103,6 +104,7 @@ _NO_PID = "__boxwright_kill_no_pid__"
 _SURVIVED = "__boxwright_kill_survived__"
 _MISSING = "__boxwright_missing__"
 _SIGNAL = re.compile(r"^[A-Z][A-Z0-9]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _T = TypeVar("_T")
 
 CAPABILITIES = Capabilities(
@@ -417,6 +419,19 @@ class DockerProcesses:
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
         handle = self._handle
+        if handle._fast is None and handle._channel is not None and (opts is None or opts.signal is None):
+            # Before the exec server answers: the keep-alive runs it (the first command costs no docker exec).
+            cwd = (opts.cwd if opts else None) or handle.workdir
+            if not cwd.startswith("/"):
+                cwd = f"{handle.workdir}/{cwd}"
+            try:
+                found = await handle._channel_exec(
+                    command, {**handle.env.get(), **((opts.env if opts else None) or {})}, cwd
+                )
+            finally:
+                handle._first_command.set()
+            if found is not None:
+                return found
         if handle._fast is not None and (opts is None or opts.signal is None):
             # The fast path: a hang-up (our cancel) kills the command inside; abort signals take docker exec,
             # whose pid-file kill reports the signal's exit code.
@@ -471,6 +486,30 @@ class _AttachLines:
 
     async def send(self, data: bytes) -> None:
         await asyncio.get_running_loop().sock_sendall(self._sock, data)
+
+    async def run(self, nonce: str, script: str) -> ExecResult:
+        """The keep-alive runs ``script`` (base64); its output ends with the nonce on both streams."""
+        await self.send(f"run {nonce} {script}\n".encode())
+        loop = asyncio.get_running_loop()
+        mark = nonce.encode()
+        out = bytearray(self._out)
+        self._out.clear()
+        err = bytearray()
+        while True:
+            at = out.rfind(mark + b" ")
+            if at >= 0 and out.endswith(b"\n") and err.endswith(mark + b"\n"):
+                code = int(out[at + len(mark) + 1 :].strip())
+                return ExecResult(
+                    stdout=bytes(out[:at]).decode(errors="replace"),
+                    stderr=bytes(err[: -len(mark) - 1]).decode(errors="replace"),
+                    exit_code=code,
+                )
+            data = await loop.sock_recv(self._sock, _READ)
+            if not data:
+                raise EOFError("the keep-alive's stream ended mid-command")
+            self._frames += data
+            for kind, payload in _demux_frames(self._frames):
+                (err if kind == 2 else out).extend(payload)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -624,6 +663,11 @@ class DockerHandle:
         self._fast_start: asyncio.Task[None] | None = None
         # Set when the first command ended (exec) or started (spawn): the exec server waits for it.
         self._first_command = asyncio.Event()
+        # The keep-alive's stdin/stdout until its exec server starts: it runs plain commands one at a time.
+        self._channel: _AttachLines | None = None
+        self._channel_lock = asyncio.Lock()
+        self._channel_kill: asyncio.Future[ExecResult] | None = None
+        self._channel_runs = False  # it has `setsid`: a command it runs leads its own group (pid-file kill)
 
     def start_fast_exec(self) -> None:
         if self._fast is None and self._fast_start is None and self.network == "allow" and self._provider.fast_exec:
@@ -715,18 +759,54 @@ class DockerHandle:
         except BaseException:
             lines.close()
             raise
-        if word != "boxwright-setup-ok":
+        if word not in ("boxwright-setup-ok", "boxwright-setup-ok-no-setsid"):
             self._warn("the keep-alive could not make the workspace; setting up from the host", {"said": word[:200]})
             lines.close()
             return False
+        self._channel = lines
+        self._channel_runs = word == "boxwright-setup-ok"
         self._fast_start = asyncio.get_running_loop().create_task(self._serve_from_keep_alive(lines))
         return True
+
+    async def _channel_exec(self, command: str, env: Mapping[str, str], cwd: str) -> ExecResult | None:
+        """``command`` run by the keep-alive itself (no docker exec); None when it cannot take it (nothing ran)."""
+        lines = self._channel
+        if lines is None or not self._channel_runs or self._channel_lock.locked():
+            return None
+        if not all(_ENV_NAME.match(k) for k in env):
+            return None
+        async with self._channel_lock:
+            if self._channel is not lines:
+                return None
+            pid_file = f"/dev/shm/.boxwright-exec-{uuid.uuid4().hex}.pid"
+            # Values reach the command's env through `export` in the keep-alive's subshell: never an argv.
+            # setsid: not a group leader (a subshell), so it keeps the pid the wrapper records and leads a group.
+            script = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()) + shlex.join(
+                ["exec", "setsid", "sh", "-c", _WRAPPER, "boxwright", pid_file, cwd, command]
+            )
+            nonce = uuid.uuid4().hex
+            try:
+                return await lines.run(nonce, base64.b64encode(script.encode()).decode())
+            except BaseException as exc:
+                self._channel = None
+                lines.close()
+                if isinstance(exc, OSError | EOFError):
+                    raise SandboxNotFoundError(NAME, self.id, f"lost a command: {exc!r}") from exc
+                # Cancelled: the pid-file kill, owned by the handle (destroy awaits it).
+                self._channel_kill = asyncio.ensure_future(
+                    self._bare_exec(["sh", "-c", _KILL, "kill", pid_file, "TERM"])
+                )
+                raise
 
     async def _serve_from_keep_alive(self, lines: _AttachLines) -> None:
         """Start the keep-alive's exec server (after the first command, as ``_start_fast``); use it once it answers."""
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._first_command.wait(), _FAST_START_AFTER)
+            async with self._channel_lock:  # a command on the channel ends first; those queued then see None
+                if self._channel is not lines:
+                    return  # a cancelled command closed it
+                self._channel = None
             token = FastExec.new_token()
             await lines.send(go_lines(token))
             host = asyncio.ensure_future(self.address())
@@ -819,6 +899,9 @@ class DockerHandle:
             raise
 
     async def destroy(self) -> None:
+        if self._channel_kill is not None:
+            with contextlib.suppress(BaseException):
+                await self._channel_kill
         if self._fast_start is not None:
             self._fast_start.cancel()
             with contextlib.suppress(BaseException):
@@ -944,7 +1027,12 @@ class DockerProvider:
     ) -> DockerHandle:
         api = await self._connected()
         limits = self.limits
+        # The default keep-alive becomes the fast exec server itself (``_docker_fast.KEEP_ALIVE``): it makes
+        # the workspace and serves the first command, so create pays neither an archive nor a docker exec.
+        serve = self.fast_exec and network == "allow" and self.keep_alive == list(DEFAULT_KEEP_ALIVE)
         host_config = api.api.create_host_config(
+            # Its stdout carries the first command's output: no log driver keeps it on the host.
+            log_config={"type": "none"} if serve else None,
             init=True,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -955,9 +1043,6 @@ class DockerProvider:
             extra_hosts={"host.docker.internal": "host-gateway"} if self.host_gateway and network == "allow" else None,
             port_bindings={p: ("127.0.0.1", None) for p in self.publish_ports} if network == "allow" else None,
         )
-        # The default keep-alive becomes the fast exec server itself (``_docker_fast.KEEP_ALIVE``): it makes
-        # the workspace and serves the first command, so create pays neither an archive nor a docker exec.
-        serve = self.fast_exec and network == "allow" and self.keep_alive == list(DEFAULT_KEEP_ALIVE)
         try:
             created = await api.call(
                 api.api.create_container,
@@ -984,7 +1069,7 @@ class DockerProvider:
                 # Side by side: nothing reaches the server's stdout before it read the boot line, sent on
                 # this socket once it is up, so an attach that lands after the start loses nothing.
                 attach, _ = await asyncio.gather(
-                    api.call(api.api.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stream": 1}),
+                    api.call(api.api.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}),
                     api.call(api.api.start, cid),
                 )
                 served = await handle._set_up_by_keep_alive(attach)

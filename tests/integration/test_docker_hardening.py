@@ -91,3 +91,27 @@ def test_limits_are_set_and_network_deny_is_no_network() -> None:
     _, interfaces, egress = asyncio.run(asyncio.wait_for(main(), 120))
     assert interfaces.split() == ["lo"], f"a denied network still has interfaces: {interfaces!r}"
     assert egress != "0"
+
+
+def test_the_workspace_is_the_users_and_root_sticky_whoever_sets_it_up() -> None:
+    from boxwright.providers.docker import docker_sandbox
+
+    probe = "stat -c '%u %a' /workspace /; pwd; id -u; mkdir -p sub && rm -rf /workspace && ! test -e /workspace"
+
+    async def main() -> list[str]:
+        seen = []
+        # The default keep-alive makes the workspace itself; any other one leaves the setup to the host.
+        for keep_alive in (None, ("sh", "-c", "exec sleep infinity")):
+            provider = docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"})
+            if keep_alive is not None:
+                provider.keep_alive = list(keep_alive)
+            handle = await provider.create()
+            try:
+                result = await handle.process.exec(probe)
+                seen.append(f"{result.exit_code} {result.stdout.split()}")
+            finally:
+                await handle.destroy()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 120))
+    assert seen == ["0 ['1000', '755', '0', '1777', '/workspace', '1000']"] * 2, seen

@@ -32,10 +32,17 @@ def test_committed_snapshot_holds_no_secret_and_restores() -> None:
 
     provider = docker_sandbox(BASE_IMAGE, labels={TEST_LABEL: "1"})
 
-    async def main() -> tuple[str, str, str]:
+    async def main() -> tuple[str, str, str, str]:
         handle = await provider.create()
         restored = forked = None
         try:
+            # The keep-alive became the exec server, its token handed over its stdin: bounded wait for it.
+            for _ in range(400):
+                if handle._fast is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert handle._fast is not None and handle._fast_server is None, "the keep-alive serves no exec"
+            token = handle._fast._token
             handle.env.set({"API_TOKEN": SECRET})
             # The secret is used (its length lands in the workspace), never written.
             await handle.process.exec('printf %s "${#API_TOKEN}" > token-length.txt')
@@ -50,20 +57,22 @@ def test_committed_snapshot_holds_no_secret_and_restores() -> None:
             assert (await restored.process.exec('printf %s "$API_TOKEN"')).stdout == SECRET, "restore re-applies env"
             forked = await handle.fork()
             assert (await forked.fs.read("/workspace/token-length.txt")) == str(len(SECRET))
-            return ref.id, container, forked.id
+            return ref.id, container, forked.id, token
         finally:
             for h in (forked, restored, handle):
                 if h is not None:
                     await h.destroy()
 
-    image, container, _ = asyncio.run(main())
+    image, container, _, token = asyncio.run(main())
     try:
         assert SECRET not in container, "the container's config holds the secret"
+        assert token not in container, "the container's config holds the exec server's token"
         inspected = json.loads(subprocess.run(["docker", "image", "inspect", image], capture_output=True).stdout)
         env = inspected[0]["Config"].get("Env") or []
         assert not any(SECRET in e for e in env), env
         saved = _image_bytes(image)
         assert SECRET.encode() not in saved, "a layer or the config of the committed image holds the secret"
+        assert token.encode() not in saved, "a layer or the config of the committed image holds the exec token"
         with tarfile.open(fileobj=io.BytesIO(saved)) as tar:
             names = tar.getnames()
         assert any(n.endswith("layer.tar") for n in names), names  # the layers were really looked at
