@@ -14,11 +14,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on the embedded default (SQLite + local-process provider): the run viewer page, whose
-# built-in demo agent works offline (PORT= picks the port, 0 any). `boxwright demo` is the terminal demo.
+# The main job on the embedded default (SQLite + local-process provider): `boxwright serve`, the
+# coordinator with the run viewer page at /, whose built-in demo agent works offline (PORT= picks the
+# port, 0 any). `boxwright demo` is the terminal demo.
 demo: $(STAMP)
 	$(BIN)/boxwright doctor
-	$(BIN)/python -m boxwright.viewer $(if $(PORT),--port $(PORT))
+	$(BIN)/boxwright serve $(if $(PORT),--port $(PORT))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

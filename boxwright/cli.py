@@ -480,12 +480,38 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _serve_coordinator(args: argparse.Namespace) -> int:
     from .coordinator.config import CoordinatorConfig, StoreUrlError
-    from .coordinator.serve import ConfigLoadError, load_config, serve_coordinator, with_overrides
+    from .coordinator.demo import demo_coordinator_config, is_loopback
+    from .coordinator.serve import (
+        CLIENT_TOKEN_ENV,
+        STORE_ENV,
+        ConfigLoadError,
+        load_config,
+        serve_coordinator,
+        with_overrides,
+    )
     from .definition import define_sandbox
 
     try:
+        announce = None
         if args.config:
             config = load_config(args.config)
+        elif not args.harness and args.provider == "local" and not (args.store or os.environ.get(STORE_ENV)):
+            # The embedded default with nothing configured: the viewer's demo, anonymous on loopback only.
+            config = demo_coordinator_config(args.db, model=args.model)
+            if not os.environ.get(CLIENT_TOKEN_ENV):
+                if not is_loopback(args.host):
+                    raise ValueError(
+                        f"the demo coordinator allows anonymous clients on loopback only, not on {args.host}: "
+                        f"bind 127.0.0.1, or set ${CLIENT_TOKEN_ENV} (the page then needs a cookie-reading "
+                        "authorize hook in a --config: EventSource sends no bearer token)"
+                    )
+                args.allow_anonymous = True
+            offered = ", ".join(config.harnesses)
+            announce = (
+                f"boxwright viewer: {{url}}  (harnesses: {offered}; "
+                + ("anonymous clients, loopback only; " if args.allow_anonymous else "")
+                + "Ctrl-C stops it)"
+            )
         else:
             harnesses = {spec: _harness(spec, args.model) for spec in args.harness or ["claude-code"]}
             sandbox = define_sandbox("coordinator", _provider(args.provider, args.image))
@@ -499,7 +525,7 @@ def _serve_coordinator(args: argparse.Namespace) -> int:
             lease_ttl_ms=args.lease_ms,
             inactivity_timeout=args.inactivity_timeout,
         )
-        serve_coordinator(config, args.host, args.port)
+        serve_coordinator(config, args.host, args.port, announce=announce)
     except (ConfigLoadError, StoreUrlError, ValueError) as exc:
         _usage_error(f"serve: {exc}")
     return 0

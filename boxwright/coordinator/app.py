@@ -41,6 +41,7 @@ from boxwright.middleware.service import (
 )
 from boxwright.secrets import register_secret_values
 from boxwright.stores.base import warn_if_not_durable
+from boxwright.viewer.app import profiles_config, viewer_routes
 
 from .auth import Authorize, allow_anyone, bearer_authorizer, guard_routes
 from .callbacks import BRIDGE_PREFIX, MountedToolBridge, ToolExecRegistry
@@ -201,6 +202,7 @@ def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
         # secret every replica shares (a successor derives it to re-point the runner to itself).
         tool_exec=tool_exec,
         runner_secret=config.runner_secret,
+        approvals=config.approvals,
     )
     scheduler = Scheduler(
         service,
@@ -229,6 +231,10 @@ def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
         Mount(BRIDGE_PREFIX, app=bridge.app),
         Route("/tool-exec/{run_id:path}", _ToolExecEndpoint(tool_exec), methods=["POST"]),
         *guard_routes(sandbox_routes(service), authorize, stores.runs),
+        # The run viewer at ``/``: static, so unguarded; its API calls go through the guarded routes.
+        # EventSource sends no Authorization header: a guarded coordinator's page needs a cookie-reading
+        # ``authorize`` hook (none is built in).
+        *viewer_routes(profiles_config(config.harnesses, config.sandboxes)),
     ]
 
     @contextlib.asynccontextmanager

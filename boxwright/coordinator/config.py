@@ -15,6 +15,7 @@ from typing import Any, Final, TypeAlias
 
 from boxwright.definition import SandboxDefinition
 from boxwright.harnesses.base import Harness
+from boxwright.middleware.approvals import ApprovalDesk
 from boxwright.middleware.service import RunChoice, RunMode, StartRunRequest, ThreadRuns
 from boxwright.runs import EventLog, RunStore
 from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
@@ -115,6 +116,8 @@ class CoordinatorConfig:
     # coordinator only relaying tool execution and recording events; others are driven from here.
     modes: Mapping[str, RunMode] = field(default_factory=dict)
     tools: Sequence[Tool] = ()
+    # The desk the approval route answers; pass the one an ``ask_person_tool`` in ``tools`` waits on.
+    approvals: ApprovalDesk | None = None
     resolve: ResolveRun | None = None
     stores: StoreSet | None = None
     store_url: str | None = None

@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import socket
 import sys
 from typing import Any, Final
 
@@ -66,12 +67,15 @@ def with_overrides(config: CoordinatorConfig, **given: Any) -> CoordinatorConfig
     return dataclasses.replace(config, **changes)
 
 
-def serve_coordinator(config: CoordinatorConfig, host: str, port: int) -> None:
-    """Serve ``config`` on ``host:port`` until SIGINT/SIGTERM (then: drain, release, exit)."""
+def serve_coordinator(config: CoordinatorConfig, host: str, port: int, *, announce: str | None = None) -> None:
+    """Serve ``config`` on ``host:port`` until SIGINT/SIGTERM (then: drain, release, exit).
+
+    ``announce`` (with ``{url}``) is printed once the socket listens, with the port it got (``port`` 0: any).
+    """
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     app = create_coordinator_app(config)
     # No access log: a WebSocket ticket rides in the query string and must never be logged (S6).
-    uvicorn.run(
+    settings = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -80,6 +84,30 @@ def serve_coordinator(config: CoordinatorConfig, host: str, port: int) -> None:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+    if announce is None:
+        uvicorn.Server(settings).run()
+        return
+    sock = _listen(host, port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    # Listening already: a browser opened on this line is queued until uvicorn accepts.
+    print(announce.format(url=f"http://{shown}:{bound_port}/"), flush=True)
+    try:
+        uvicorn.Server(settings).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror} (pick another --port)") from None
+    sock.listen(128)
+    return sock
 
 
 __all__ = ["ConfigLoadError", "load_config", "serve_coordinator", "with_overrides"]
