@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from .abort import AbortController, AbortSignal
 from .auth import AuthMode
 from .colocated import RUNNER_SECRET_ENV, ToolExecHost, colocated_drive
 from .definition import CANCEL_REASON, EnsureContext, RunDurability, SandboxDefinition, Tenant, with_sandbox
-from .errors import AbortError, DurableRunIdRequiredError, HalfDurableRunError
+from .errors import AbortError, DurableRunIdRequiredError, HalfDurableRunError, JournalAttachUnavailableError
 from .events import (
     CustomEvent,
     Event,
@@ -58,6 +59,7 @@ from .journal import (
     DEFAULT_STDERR_TAIL_BYTES,
     JournalPaths,
     RunLookup,
+    _journal_exists,
     await_attachable_journal,
     decode_base64_frame,
     encode_run_id,
@@ -174,6 +176,10 @@ class JournalOptions:
     logged: Callable[[], Awaitable[Sequence[Event]]] | None = None
     first_byte_timeout_ms: float | None = DEFAULT_FIRST_BYTE_TIMEOUT_MS
     poll_interval_ms: float = DEFAULT_JOURNAL_POLL_MS
+    # An attach's fallback: the run's stored input. When no journal appears within the attach wait and
+    # the sandbox has none (the first driver died before it started the agent), the agent is started
+    # fresh from these instead of failing the run. A journal that exists is always replayed.
+    fresh: Sequence[Message] | str | None = None
 
 
 class _Run:
@@ -444,6 +450,36 @@ def _superseded(durability: RunDurability | None) -> bool:
         return False
 
 
+async def _attach_or_start_fresh(
+    handle: SandboxHandle,
+    harness: Harness,
+    hctx: HarnessContext,
+    journal: JournalOptions,
+    signal: AbortSignal | None,
+) -> tuple[JournalOptions, HarnessContext]:
+    """An attach with a stored input: the attach itself when the journal is there (or appears in
+    the wait), else a fresh start from ``journal.fresh`` (the agent never started: nothing to replay).
+
+    Only a journal the sandbox answered "absent" for starts the agent: a probe that could not tell
+    (an unreachable sandbox) fails the attach as before, so an agent is never started twice.
+    """
+    assert journal.fresh is not None
+    paths = journal_paths(hctx.run_id, journal.dir or journal_dir_of(handle))
+    try:
+        await await_attachable_journal(handle, paths, hctx.run_id, runs=journal.runs, signal=signal)
+    except JournalAttachUnavailableError as exc:
+        if exc.reason != "journal-timeout" or await _journal_exists(handle, paths, hctx.run_id) is not False:
+            raise
+        log.warning("run %s: no journal in its sandbox (its agent never started): starting it now", hctx.run_id)
+        given = journal.fresh
+        prompt, system = _prompt_from_messages(
+            [Message(role="user", content=given)] if isinstance(given, str) else given, harness.name
+        )
+        fresh = dataclasses.replace(journal, attach=False, logged=None, fresh=None)
+        return fresh, dataclasses.replace(hctx, prompt=prompt, system_prompt=system)
+    return dataclasses.replace(journal, fresh=None), hctx
+
+
 async def _drive(
     sandbox: SandboxDefinition,
     handle: SandboxHandle,
@@ -459,6 +495,8 @@ async def _drive(
     owns: Callable[[], bool] = lambda: True,
     bridge_secret: str | None = None,
 ) -> AsyncGenerator[Event, None]:
+    if journal is not None and journal.attach and journal.fresh is not None:
+        journal, hctx = await _attach_or_start_fresh(handle, harness, hctx, journal, signal)
     executable = getattr(harness, "executable", None)
     agent_cli: list[str] | None = None
     if isinstance(executable, str) and executable.split():

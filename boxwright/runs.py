@@ -133,6 +133,9 @@ class RunRecord(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_
     # over rebuilds it from these, since the trigger's metadata is never stored.
     sandbox_profile: str | None = None
     harness_profile: str | None = None
+    # The trigger's input (its messages, or its prompt, as JSON; registered secrets masked; never the
+    # metadata): a successor starts the agent from it when the first driver died before the agent did.
+    input_messages: str | None = None
 
 
 class RunPatch(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_defaults=True):
@@ -151,6 +154,7 @@ class RunPatch(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_d
     driver_epoch: int | UnsetType | None = UNSET
     sandbox_profile: str | UnsetType | None = UNSET
     harness_profile: str | UnsetType | None = UNSET
+    input_messages: str | UnsetType | None = UNSET
 
 
 PATCH_FIELDS: Final[tuple[str, ...]] = RunPatch.__struct_fields__

@@ -50,6 +50,7 @@ from boxwright.events import Event, RunErrorEvent, now_ms
 from boxwright.file_hooks import RunFileHooks
 from boxwright.harnesses.base import Harness, Message
 from boxwright.ids import check_client_run_id, check_thread_id
+from boxwright.run_input import RunInputTooLargeError, decode_run_input, encode_run_input
 from boxwright.runs import (
     ABORT_ERROR_CODES,
     RUN_CANCEL_REASON,
@@ -66,7 +67,7 @@ from boxwright.runs import (
     request_run_cancel,
     was_cancel_requested,
 )
-from boxwright.secrets import TOKEN_PREFIX, redact, run_bridge_token
+from boxwright.secrets import TOKEN_PREFIX, redact, resolve_all_secrets, run_bridge_token
 from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
 from boxwright.takeover import RunClaim, align_to_stored_log, is_out_of_band, sandbox_run_driver
 from boxwright.tool_bridge import HostToolBridge
@@ -442,6 +443,11 @@ class SandboxService:
                 return run_id
             if self._closing:
                 raise ServiceClosedError("the service is shutting down: it starts no run")
+            try:
+                # Stored with the record: a successor starts the agent from it if this process dies first.
+                stored_input = encode_run_input(messages, limit=MAX_TRIGGER_BODY, secrets=_run_secrets(sandbox))
+            except RunInputTooLargeError as exc:
+                raise RunRequestRefused(str(exc)) from None
             entry = _Driven(thread_id)
             self._here[run_id] = entry  # registered before the next await: one drive per id here
             abort = entry.abort
@@ -449,11 +455,13 @@ class SandboxService:
                 # The record exists before any provisioning, so a cancel or a tail finds the run at once.
                 # An atomic insert: of requests racing for one id (other threads, other processes), one wins.
                 await create_run(self.runs, run_id, thread_id)
-                if sandbox_profile is not None or harness_profile is not None:
-                    # Before the drive starts (and so before any claim a successor could take over).
-                    await self.runs.update(
-                        run_id, RunPatch(sandbox_profile=sandbox_profile, harness_profile=harness_profile)
-                    )
+                # Before the drive starts (and so before any claim a successor could take over).
+                await self.runs.update(
+                    run_id,
+                    RunPatch(
+                        sandbox_profile=sandbox_profile, harness_profile=harness_profile, input_messages=stored_input
+                    ),
+                )
             except RunExistsError as exc:
                 self._unregister(run_id, entry)
                 if exc.thread_id != thread_id:
@@ -494,11 +502,13 @@ class SandboxService:
         if active is not None:
             events = self._after(active.run_id, abort.signal, events)
         detached = (lambda: durability.detached) if durability is not None else None
+        claimed: asyncio.Event | None = None
         try:
             if durability is not None and self._locks is not None and self._locks.durable:
                 # Several replicas share this store: drive under the run's claim (epoch 1), so a
                 # successor that takes the run over fences out anything this driver still writes.
-                work = self._drive_claimed(events, run_id, thread_id, abort, detached, durability, cleanup)
+                claimed = asyncio.Event()
+                work = self._drive_claimed(events, run_id, thread_id, abort, detached, durability, cleanup, claimed)
                 entry.task = self._spawn(work, f"boxwright run {run_id!r}")
             else:
                 piped = pipe_to_run_log(
@@ -517,6 +527,14 @@ class SandboxService:
             self._unregister(run_id, entry)
             raise
         entry.task.add_done_callback(functools.partial(self._forget, run_id, entry))
+        if claimed is not None:
+            # Answered once this driver holds the run (epoch 1): a successor then never claims a run
+            # whose first driver is alive and about to start its agent (the agent would start twice).
+            waiter = asyncio.ensure_future(claimed.wait())
+            try:
+                await asyncio.wait({waiter, entry.task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
         return run_id
 
     async def _drive_claimed(
@@ -528,6 +546,7 @@ class SandboxService:
         detached: Callable[[], bool] | None,
         durability: RecordDurability | None = None,
         cleanup: JournalCleanup | None = None,
+        claimed: asyncio.Event | None = None,
     ) -> RunRecord:
         assert self._locks is not None
         # A fresh run has no predecessor to wait out: no quiet window.
@@ -538,6 +557,8 @@ class SandboxService:
             async with driver.claim(run_id) as claim:
                 if durability is not None:
                     durability.claim = claim  # its detach stamp is fenced at this epoch from now on
+                if claimed is not None:
+                    claimed.set()
                 # A lost claim stops the agent's drive; so does a cancel recorded by any process.
                 claim.signal.add_listener(lambda reason: abort.abort(reason))
                 claim.cancel_signal.add_listener(lambda _reason: abort.abort(RUN_CANCEL_REASON))
@@ -696,6 +717,14 @@ class SandboxService:
             self._unregister(run_id, entry)
             raise
         locks = self._locks
+        # A host-driven run whose first driver died before its agent started has no journal: the
+        # successor starts the agent from the stored input (co-located: the runner's run is attached to).
+        fresh = None
+        if record.input_messages is not None and spec.mode != "colocated":
+            try:
+                fresh = decode_run_input(record.input_messages)
+            except msgspec.DecodeError as exc:
+                log.warning("run %r: its stored input is unreadable (%s); it is replayed only", run_id, exc)
         # The successor, once its terminal record landed, removes the journal it replayed.
         cleanup = JournalCleanup()
 
@@ -717,7 +746,7 @@ class SandboxService:
                 store=self._store,
                 locks=locks,
                 # The stored log also tells the successor's watcher which file events it holds.
-                journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup, logged=stored),
+                journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup, logged=stored, fresh=fresh),
                 durability=RecordDurability(self.runs, rid, claim_of=lambda: driver.held_claim(rid)),
                 file_hooks=spec.file_hooks,
                 # Co-located: the successor attaches to the runner's run instead of re-reading a journal.
@@ -1117,6 +1146,13 @@ async def _failing_as_told(events: AsyncIterator[Event], signal: AbortSignal) ->
             if isinstance(reason, RunFailure) and isinstance(event, RunErrorEvent) and event.code in ABORT_ERROR_CODES:
                 event = msgspec.structs.replace(event, message=reason.error.message, code=reason.error.code)
             yield event
+
+
+def _run_secrets(sandbox: SandboxDefinition) -> list[str]:
+    """The secret values registered for a run (its workspace's): masked in its stored input."""
+    if sandbox.workspace is None:
+        return []
+    return list(resolve_all_secrets(sandbox.workspace.secrets).values())
 
 
 async def _contained(work: Coroutine[Any, Any, T], name: str) -> T | None:

@@ -501,6 +501,7 @@ def _run_from_hash(fields: dict[str, str]) -> RunRecord:
         driver_epoch=integer("driver_epoch"),
         sandbox_profile=fields.get("sandbox_profile"),
         harness_profile=fields.get("harness_profile"),
+        input_messages=fields.get("input_messages"),
     )
 
 

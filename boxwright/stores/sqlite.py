@@ -441,7 +441,8 @@ CREATE TABLE IF NOT EXISTS runs (
     cancel_requested INTEGER,
     driver_epoch INTEGER,
     sandbox_profile TEXT,
-    harness_profile TEXT
+    harness_profile TEXT,
+    input_messages TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_thread ON runs (thread_id, started_at);
 CREATE INDEX IF NOT EXISTS runs_detached ON runs (detached_since) WHERE detached_since IS NOT NULL;
@@ -460,10 +461,10 @@ CREATE TABLE IF NOT EXISTS run_log_events (
 """
 
 # Columns added after a database may have been created: added (ALTER TABLE) when missing.
-_RUNS_ADDED = {"runs": (("sandbox_profile", "TEXT"), ("harness_profile", "TEXT"))}
+_RUNS_ADDED = {"runs": (("sandbox_profile", "TEXT"), ("harness_profile", "TEXT"), ("input_messages", "TEXT"))}
 _RUN_COLUMNS = (
     "run_id, thread_id, status, started_at, updated_at, finished_at, error_message, error_code, usage, "
-    "sandbox_key, detached_since, cancel_requested, driver_epoch, sandbox_profile, harness_profile"
+    "sandbox_key, detached_since, cancel_requested, driver_epoch, sandbox_profile, harness_profile, input_messages"
 )
 _usage_decoder = msgspec.json.Decoder(TokenUsage)
 
@@ -485,6 +486,7 @@ def _run_from_row(row: Sequence[Any]) -> RunRecord:
         driver_epoch,
         sandbox_profile,
         harness_profile,
+        input_messages,
     ) = row
     if not is_run_status(status):
         raise InvalidRunStatusError(run_id, status)
@@ -504,6 +506,7 @@ def _run_from_row(row: Sequence[Any]) -> RunRecord:
         driver_epoch=driver_epoch,
         sandbox_profile=sandbox_profile,
         harness_profile=harness_profile,
+        input_messages=input_messages,
     )
 
 

@@ -341,6 +341,20 @@ async def case_profile_names_round_trip(runs: RunStore) -> None:
     _equal((cleared and cleared.sandbox_profile, cleared and cleared.harness_profile), ("docker", None), "cleared")
 
 
+async def case_input_messages_round_trip(runs: RunStore) -> None:
+    """A run's stored input (JSON text, quotes, newlines and all) is kept verbatim, and cleared by None."""
+    record = await runs.create_or_resume("run-i", "thread-1")
+    _equal(record.input_messages, None, "input of a fresh record")
+    text = '[{"role":"user","content":"a \\"quoted\\" line\\nand = another"}]'
+    written = await runs.update("run-i", RunPatch(input_messages=text))
+    _equal(written and written.input_messages, text, "input as written")
+    later = await runs.update("run-i", RunPatch(driver_epoch=1))
+    _equal(later and later.input_messages, text, "input kept by another update")
+    _equal(await runs.get("run-i"), later, "record from get vs the one update returned")
+    cleared = await runs.update("run-i", RunPatch(input_messages=None))
+    _equal(cleared and cleared.input_messages, None, "input cleared")
+
+
 async def case_list_running(runs: RunStore) -> None:
     """``list_running``: running runs only (any detach), oldest started_at first, at most ``limit``."""
     _expect(isinstance(runs, RunningListing), f"{runs!r} lacks list_running")
@@ -491,6 +505,7 @@ RUN_STORE_CASES: tuple[tuple[str, RunStoreCase], ...] = (
     ("test_a36_list_reclaimable", case_a36_list_reclaimable),
     ("test_r41_list_by_thread", case_r41_list_by_thread),
     ("test_profile_names_round_trip", case_profile_names_round_trip),
+    ("test_input_messages_round_trip", case_input_messages_round_trip),
     ("test_list_running", case_list_running),
     ("test_r45_statuses", case_r45_statuses),
     ("test_r46_cancel_request", case_r46_cancel_request),

@@ -313,12 +313,8 @@ def test_host_driven_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
     assert all(epochs[name] == 2 for name, _ in KILL_POINTS[:-2]), epochs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replica killed between the 202 and its agent's start leaves no journal and no stored input: the "
-    "successor's attach waits 10 s for a journal that never comes and fails the run (JournalAttachUnavailableError); "
-    "restarting it needs the trigger's messages stored with the run",
-)
+# A replica killed between the 202 and its agent's start leaves no journal: B finds none after its attach
+# wait and starts the agent from the input stored with the record, at its own epoch.
 @pytest.mark.timeout(ROUND_TIMEOUT_S)
 def test_a_run_whose_replica_died_right_after_the_trigger_completes_through_b(
     tmp_path: Path, redis: RedisServer, model: FakeModelServer
