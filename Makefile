@@ -26,8 +26,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check boxwright
 	$(BIN)/mypy
 
+# Three workers on CI's two cores: most of the suite waits (on agents, containers, leases, sleeps of
+# the kill cases), so files run side by side; a file stays on one worker (its module fixtures: a
+# Redis server, a fake cloud, a replica pair). The slowest 40 tests are listed for the CI budget.
 test: lint
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadfile --durations=40
 
 bench: $(STAMP)
 	$(BIN)/python bench/exec_overhead.py

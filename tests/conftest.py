@@ -23,11 +23,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # One id per session, on every Docker container and image the session creates (subprocesses too):
 # the session-end check below sees this session's leftovers only, never a parallel session's.
-if "BOXWRIGHT_TEST_SESSION" not in os.environ:
+# Each pytest-xdist worker is a session of its own (its id replaces the controller's it inherited):
+# a test that looks for "this session's" containers must not see, or remove, a sibling worker's.
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if "BOXWRIGHT_TEST_SESSION" not in os.environ or (_worker and os.environ.get("BOXWRIGHT_TEST_WORKER") != _worker):
+    if _worker:
+        os.environ["BOXWRIGHT_TEST_WORKER"] = _worker
     os.environ["BOXWRIGHT_TEST_SESSION"] = f"{os.getpid()}-{secrets.token_hex(4)}"
-    _labels = os.environ.get("BOXWRIGHT_DOCKER_LABELS")
+    _others = [
+        label
+        for label in os.environ.get("BOXWRIGHT_DOCKER_LABELS", "").split(",")
+        if label and not label.startswith("boxwright.test-session=")
+    ]
     _mine = f"boxwright.test-session={os.environ['BOXWRIGHT_TEST_SESSION']}"
-    os.environ["BOXWRIGHT_DOCKER_LABELS"] = f"{_labels},{_mine}" if _labels else _mine
+    os.environ["BOXWRIGHT_DOCKER_LABELS"] = ",".join([*_others, _mine])
 
 
 def _docker_leftovers() -> tuple[list[str], list[str]]:

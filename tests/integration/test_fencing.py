@@ -308,7 +308,7 @@ def test_a_driver_resumed_after_its_successor_took_over_writes_nothing(tmp_path:
         a.stop()
         time.sleep(REPLICA_LEASE_MS / 1000 + 0.8)  # A's lease runs out
         _tail(b, run_id)
-        wait_for("B's claim", lambda: (record_row(db, run_id) or {}).get("driver_epoch") == 2, 20)
+        wait_for("B's claim", lambda: (record_row(db, run_id) or {}).get("driver_epoch") == 2, 60)
         # 0: inside B's quiet window, the agent still writing; 1: quiet window, agent done;
         # 2: while B replays; 3, 4: after B's end.
         resume_after = [1.0, 4.0, 6.0, None, None][round_]
