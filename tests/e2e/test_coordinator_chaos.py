@@ -49,7 +49,7 @@ FINAL = "Waited, and all done now."
 TOOL = "sleep 1.5; echo tool-done"
 SCRIPT = [ToolCall("Bash", {"command": TOOL, "description": "wait a little"}, text=INTRO), Text(FINAL)]
 ROUND_TIMEOUT_S = 150.0
-MODULE_BUDGET_S = 420.0
+MODULE_BUDGET_S = 900.0
 CASE_LABEL = "boxwright.test.case"
 
 Frame = tuple[str | None, str | None, str]
