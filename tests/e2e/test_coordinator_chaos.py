@@ -74,7 +74,9 @@ KILL_POINTS: list[tuple[str, Callable[[list[str]], bool] | None]] = [
 # Not "first-event": a co-located replica killed before its runner answers leaves nothing to attach to (reported).
 COLOCATED_KILL_POINTS = ["mid-text", "tool-start"]  # two rounds: the CI budget (a round is ~15 s)
 _durations: list[tuple[str, float]] = []
-_module_started = time.monotonic()
+# Set by the module's first case, not at import: pytest-xdist imports every module when its worker
+# starts, and may run this file only many minutes later.
+_module_started: float | None = None
 
 
 @dataclass
@@ -201,6 +203,9 @@ def redis() -> Iterator[RedisServer]:
 @pytest.fixture(autouse=True)
 def _module_bound() -> Iterator[None]:
     # The module's bound: a case that starts after it is spent fails instead of growing the CI time.
+    global _module_started
+    if _module_started is None:
+        _module_started = time.monotonic()
     assert time.monotonic() - _module_started < MODULE_BUDGET_S, f"the chaos module ran past {MODULE_BUDGET_S} s"
     yield
 

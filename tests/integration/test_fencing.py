@@ -286,7 +286,9 @@ def _terminal(db: Path, run_id: str) -> dict[str, Any] | None:
 def _tail(replica: Replica, run_id: str) -> None:
     """A client coming back to ``replica`` for the run: its SSE route takes an orphaned run over."""
     with contextlib.suppress(httpx.HTTPError):
-        with httpx.stream("GET", f"{replica.url}/runs/{run_id}/events", timeout=httpx.Timeout(5, read=2)) as r:
+        # Generous: a client that hangs up while the replica is still taking the run over (its lease
+        # wait, its quiet window; slow beside other test workers) can cancel that takeover with it.
+        with httpx.stream("GET", f"{replica.url}/runs/{run_id}/events", timeout=httpx.Timeout(30, read=30)) as r:
             for _line in r.iter_lines():
                 return
 
