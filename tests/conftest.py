@@ -51,11 +51,15 @@ def _docker_leftovers() -> tuple[list[str], list[str]]:
         return [], []
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the session when a test left a container or image behind (then remove them)."""
+_LEAKS_KEY = "boxwright_docker_leaks"
+_worker_leaks: list[str] = []  # on the xdist controller: what the workers reported
+
+
+def _remove_leftovers() -> list[str]:
+    """Removes this session's containers and images still on the engine; the lines that name them."""
     containers, images = _docker_leftovers()
     if not containers and not images:
-        return
+        return []
     from tests.support.docker import remove_images
 
     names = (
@@ -74,15 +78,36 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if images
         else []
     )
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [
-        "boxwright leak check: this session left Docker objects behind (now removed); a test must clean up:",
-        *[f"  container {line}" for line in names if line],
-        *[f"  image {line}" for line in tags if line],
-    ]
-    if reporter is not None:
-        reporter.write_line("\n".join(lines), red=True)
     if containers:
         subprocess.run(["docker", "rm", "-f", *containers], capture_output=True, timeout=120)
     remove_images(images)
+    return [*[f"  container {line}" for line in names if line], *[f"  image {line}" for line in tags if line]]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """On the xdist controller: a worker's leftovers (its own exit status never reaches the controller's)."""
+    output = getattr(node, "workeroutput", None) or {}
+    _worker_leaks.extend(output.get(_LEAKS_KEY, []))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a test left a container or image behind (then remove them)."""
+    leaks = _remove_leftovers()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        # A worker: the controller decides the run's status from what each worker reports.
+        workeroutput[_LEAKS_KEY] = leaks
+        return
+    leaks = [*_worker_leaks, *leaks]
+    if not leaks:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [
+        "boxwright leak check: this session left Docker objects behind (now removed); a test must clean up:",
+        *leaks,
+    ]
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line("\n".join(lines), red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -36,10 +36,21 @@ from boxwright.runs import RunRecord
 from boxwright.stores.open import open_store
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
 from tests.support.coordinator import CoordinatorProcess, trigger
-from tests.support.docker import RUNNER_IMAGE, TEST_LABEL, bridge_address, image_problem, labelled_containers
+from tests.support.docker import (
+    RUNNER_IMAGE,
+    TEST_LABEL,
+    bridge_address,
+    image_problem,
+    labelled_containers,
+    no_leaked_containers,
+)
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.replicas import wait_for
 from tests.support.require import agent_cli, missing
+
+# The co-located rounds' replicas keep an after-setup snapshot per thread: removed after the module.
+pytestmark = pytest.mark.usefixtures("no_leaked_containers")
+__all__ = ["no_leaked_containers"]
 
 # Renewed every second: a replica whose loop stalls under the load of CI (two cores, claude starting) keeps it.
 LEASE_MS = 3000

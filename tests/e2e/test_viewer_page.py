@@ -41,7 +41,10 @@ def test_a_demo_run_started_from_the_page_shows_its_work_and_takes_an_answer(tmp
             to_first_event = await page.evaluate(
                 "window.boxwrightViewer.firstEventAt - window.boxwrightViewer.startClickedAt"
             )
-            print(f"\nviewer: first paint {first_paint:.0f} ms, Start to first event {to_first_event:.0f} ms")
+            # Chromium may not report a paint entry at all (a loaded machine, a page painted before the
+            # observer): the figure is printed when there is one, never asserted.
+            paint = "not reported" if first_paint is None else f"{first_paint:.0f} ms"
+            print(f"\nviewer: first paint {paint}, Start to first event {to_first_event:.0f} ms")
 
             # The policy's ask reaches the page as a question; the run waits for the answer.
             await page.wait_for_selector(ALLOW, timeout=UI_TIMEOUT_MS)

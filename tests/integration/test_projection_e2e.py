@@ -124,7 +124,7 @@ def test_bootstrap_then_projection_for_every_harness(provider, skills_repo, capl
             for name in (".mcp.json", ".codex/config.toml", ".grok/config.toml", "opencode.json"):
                 text = (root / name).read_text()
                 assert f"Bearer {rotated}" in text and token not in text, name
-            assert caplog.records == []
+            assert [r for r in caplog.records if r.name == LOGGER] == []
         finally:
             await handle.destroy()
 
@@ -148,7 +148,9 @@ def test_warnings_name_harness_and_item_and_come_once(provider, skills_repo, cap
             await handle.destroy()
 
     asyncio.run(main())
-    warned = sorted(r.getMessage().split(":")[0] + " " + r.getMessage().split("'")[1] for r in caplog.records)
+    # Only the projection's own records: under load asyncio and the providers may warn too (a slow callback).
+    ours = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    warned = sorted(m.split(":")[0] + " " + m.split("'")[1] for m in ours)
     # `claude` is not installed in the sandbox, so its plugin install fails and warns like the others.
     assert warned == sorted(
         [

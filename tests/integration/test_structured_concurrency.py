@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import logging
 import secrets
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -36,6 +38,21 @@ from boxwright.stores.memory import MemoryEventLog, MemoryInstanceStore, MemoryR
 from boxwright.tool_bridge import ToolExecRun, serve_asgi, tool, tool_exec_app, tool_exec_path
 
 pytestmark = pytest.mark.filterwarnings("error")
+
+
+@pytest.fixture(autouse=True)
+def _collect_earlier_garbage() -> None:
+    """Collects what earlier tests of this worker left before a test here starts.
+
+    An unclosed socket of another file's test, collected by chance during one of these, would raise
+    here (warnings are errors) and be blamed on a test that opened no socket at all.
+    """
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _unraisable: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
 
 Ending = Literal["normal", "break", "cancel", "error"]
 
