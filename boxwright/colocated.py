@@ -1,7 +1,8 @@
 """Co-located mode, host side: the runner in the container drives the harness; only tool execution crosses back.
 
 ``colocated_drive`` starts ``python -m boxwright.runner`` in the sandbox (its bearer token and
-the harness's credentials in that exec's env only), waits for ``/health``, serves this run's
+the harness's credentials in that exec's env only), waits for ``/health`` (a Docker container on its
+own address, any other provider through its port API: ``runner_endpoint``), serves this run's
 host tools on a tool-exec endpoint the container reaches, POSTs the run and yields the
 runner's AG-UI events as they arrive. The endpoint is a ``ToolExecHost``'s grant when one is
 given (the coordinator's ``/tool-exec`` on its public callback origin), else a listener of
@@ -108,11 +109,42 @@ class ToolExecHost(Protocol):
     ) -> ToolExecGrantLike: ...
 
 
-async def _healthy(client: httpx.AsyncClient, base: str, handle: SandboxHandle) -> None:
+class RunnerEndpoint(msgspec.Struct, frozen=True):
+    """Where the host reaches the runner in the box: its base URL, the provider's headers, the address it binds."""
+
+    base: str
+    headers: dict[str, str]
+    bind: str
+    secrets: tuple[str, ...] = ()
+
+
+async def runner_endpoint(handle: SandboxHandle) -> RunnerEndpoint:
+    """The runner's endpoint: a Docker container's own address, else the provider's port API (its preview URL).
+
+    A Docker container is reached on its bridge address directly (no proxy in between). Any other
+    provider publishes the runner's port the way it publishes every port (E2B's ``get_host``,
+    Daytona's signed preview URL, Railway's domain), with that provider's auth headers; the runner
+    then binds every interface of its box, since the vendor's proxy dials it from outside the box.
+    """
+    address = getattr(handle, "address", None)
+    if address is not None:
+        host = await address()
+        return RunnerEndpoint(base=f"http://{host}:{RUNNER_PORT}", headers={}, bind=host)
+    if not handle.capabilities.ports:
+        raise UnsupportedCapabilityError(
+            handle.provider, "colocated", "co-located mode reaches the runner through the provider's ports"
+        )
+    found = await handle.ports.connect(RUNNER_PORT)
+    headers = dict(found.headers or {})
+    values = tuple(v for v in (found.token, *headers.values()) if v)
+    return RunnerEndpoint(base=found.url.rstrip("/"), headers=headers, bind="0.0.0.0", secrets=values)
+
+
+async def _healthy(client: httpx.AsyncClient, base: str, handle: SandboxHandle, headers: Mapping[str, str]) -> None:
     last = "no probe answered"
     for _ in range(HEALTH_PROBES):
         try:
-            response = await client.get(f"{base}/health", timeout=2.0)
+            response = await client.get(f"{base}/health", headers=dict(headers), timeout=2.0)
             if response.status_code == 200:
                 return
             last = f"{response.status_code} {response.text[:_DETAIL]}"
@@ -127,9 +159,9 @@ async def _healthy(client: httpx.AsyncClient, base: str, handle: SandboxHandle) 
     )
 
 
-async def _attachable(client: httpx.AsyncClient, base: str) -> None:
+async def _attachable(client: httpx.AsyncClient, base: str, headers: Mapping[str, str]) -> None:
     try:
-        response = await client.get(f"{base}/health", timeout=10.0)
+        response = await client.get(f"{base}/health", headers=dict(headers), timeout=10.0)
         health = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError) as exc:
         raise ColocatedRunError(
@@ -210,17 +242,15 @@ async def colocated_drive(
     (a superseded one shuts nothing down); ``hold``: seconds a tool call no host answers is held;
     ``tool_exec``: where this run's host tools are served (default: a listener of this drive's own).
     """
-    address = getattr(handle, "address", None)
-    if address is None:
-        raise UnsupportedCapabilityError(handle.provider, "colocated", "co-located mode needs the Docker provider")
-    host = await address()
+    endpoint = await runner_endpoint(handle)
     token, exec_token = _tokens_for(handle, run_id, runner_secret, durable)
-    scrub.add([token, exec_token])
+    scrub.add([token, exec_token, *endpoint.secrets])
     env = {k: v for k, v in host_env.items() if k.startswith(_HARNESS_ENV_PREFIXES)}
     env.update(getattr(harness, "env", None) or {})
     scrub.add([v for k, v in env.items() if "KEY" in k or "TOKEN" in k])
-    base = f"http://{host}:{RUNNER_PORT}"
-    headers = {"Authorization": f"Bearer {token}"}
+    base = endpoint.base
+    vendor = endpoint.headers
+    headers = {**vendor, "Authorization": f"Bearer {token}"}
     run_path = f"{base}/runs/{quote(run_id, safe='')}"
     if tool_exec is not None:
         # The host's own endpoint (a coordinator's /tool-exec on its public origin): on a takeover the
@@ -249,7 +279,7 @@ async def colocated_drive(
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as client:
             try:
                 if attach:
-                    await _attachable(client, base)
+                    await _attachable(client, base, vendor)
                     moved = await client.post(
                         f"{run_path}/attach",
                         json={"toolExecUrl": tool_exec_url, "toolExecToken": exec_token},
@@ -265,11 +295,14 @@ async def colocated_drive(
                     runner = await handle.process.spawn(
                         # Its output goes to a file in the box, not back over this exec: the runner must
                         # not depend on (or block on) a host that may die mid-run.
-                        f"exec python -m boxwright.runner --host {host} --port {RUNNER_PORT} "
+                        # The runner image's interpreter by its own name: a vendor's exec PATH may not lead
+                        # to the image's venv (``python`` there is not boxwright's, or none at all).
+                        f'exec "$(command -v boxwright-python || echo python)" -m boxwright.runner '
+                        f"--host {endpoint.bind} --port {RUNNER_PORT} "
                         f">{RUNNER_LOG} 2>&1 </dev/null",
                         ProcessOptions(env={**env, RUNNER_TOKEN_ENV: token}),
                     )
-                    await _healthy(client, base, handle)
+                    await _healthy(client, base, handle, vendor)
                     request = ContainerRunRequest(
                         run_id=run_id,
                         thread_id=thread_id,
@@ -346,14 +379,11 @@ async def probe_colocated_run_exit(
     secret = runner_secret if runner_secret is not None else os.environ.get(RUNNER_SECRET_ENV)
     if not secret:
         return Unknown(f"no runner secret to derive the runner's token from (${RUNNER_SECRET_ENV})")
-    address = getattr(handle, "address", None)
-    if address is None:
-        return Unknown(f"a {handle.provider} sandbox has no co-located runner")
     try:
-        base = f"http://{await address()}:{RUNNER_PORT}"
-        headers = {"Authorization": f"Bearer {runner_token(secret, handle.id)}"}
+        endpoint = await runner_endpoint(handle)
+        headers = {**endpoint.headers, "Authorization": f"Bearer {runner_token(secret, handle.id)}"}
         async with httpx.AsyncClient(timeout=timeout) as client:
-            response = await client.get(f"{base}/runs/{quote(run_id, safe='')}", headers=headers)
+            response = await client.get(f"{endpoint.base}/runs/{quote(run_id, safe='')}", headers=headers)
         if response.status_code != 200:
             return Unknown(f"the runner answered {response.status_code} {response.text[:_DETAIL]}")
         status = response.json()
