@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import msgspec
 from starlette.applications import Starlette
@@ -155,6 +155,30 @@ class _ToolExecEndpoint:
         await self._registry.app(scope, receive, send)
 
 
+class _SpecBridgePath:
+    """The bridge at the spec's path too: ``/_bridge/<id>`` (spec §6) is ``/_bridge/runs/<id>/mcp``.
+
+    The URL the agent is given is the long one (``MountedToolBridge.url_for``: the same path a standalone
+    bridge serves, so one ``ToolBridgeApp`` routes both); a client written to the spec's table posts to
+    the short one. Only the path changes: the id segment stays percent-encoded as sent, so the bridge's
+    own id check (``..``, ``%2F``, NUL) and its token check see exactly what they would on the long path.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        root: str = scope.get("root_path", "")
+        raw: bytes = scope.get("raw_path") or quote(scope["path"]).encode()
+        prefix = quote(root).encode()
+        below = raw[len(prefix) :] if raw.startswith(prefix) else b""
+        segment = below[1:]
+        if scope["type"] == "http" and below.startswith(b"/") and segment and b"/" not in segment:
+            path = f"{root}/runs/{unquote(segment.decode('latin-1'))}/mcp"
+            scope = {**scope, "path": path, "raw_path": prefix + b"/runs/" + segment + b"/mcp"}
+        await self.app(scope, receive, send)
+
+
 class _NoteOrigin:
     """Outermost ASGI layer: records the bound address a request arrived on (never its ``Host``)."""
 
@@ -228,7 +252,7 @@ def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
     routes: list[BaseRoute] = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/admin/sweep", sweep, methods=["POST"]),
-        Mount(BRIDGE_PREFIX, app=bridge.app),
+        Mount(BRIDGE_PREFIX, app=_SpecBridgePath(bridge.app)),
         Route("/tool-exec/{run_id:path}", _ToolExecEndpoint(tool_exec), methods=["POST"]),
         *guard_routes(sandbox_routes(service), authorize, stores.runs),
         # The run viewer at ``/``: static, so unguarded; its API calls go through the guarded routes.
