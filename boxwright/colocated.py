@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from .runs import RunRecord
 
 RUNNER_PORT = 8080
+# The runner image's venv (deploy/runner/Dockerfile): its boxwright-python symlink does not find the venv.
+RUNNER_PYTHON = "/opt/boxwright/bin/python"
 HEALTH_PROBES = 20
 HEALTH_EVERY = 0.25
 _DETAIL = 200
@@ -295,9 +297,9 @@ async def colocated_drive(
                     runner = await handle.process.spawn(
                         # Its output goes to a file in the box, not back over this exec: the runner must
                         # not depend on (or block on) a host that may die mid-run.
-                        # The runner image's interpreter by its own name: a vendor's exec PATH may not lead
-                        # to the image's venv (``python`` there is not boxwright's, or none at all).
-                        f'exec "$(command -v boxwright-python || echo python)" -m boxwright.runner '
+                        # The runner image's venv by its path: a vendor's exec PATH may not lead there
+                        # (``python`` is then not boxwright's, or none at all).
+                        f'exec "$(command -v {RUNNER_PYTHON} || echo python)" -m boxwright.runner '
                         f"--host {endpoint.bind} --port {RUNNER_PORT} "
                         f">{RUNNER_LOG} 2>&1 </dev/null",
                         ProcessOptions(env={**env, RUNNER_TOKEN_ENV: token}),
