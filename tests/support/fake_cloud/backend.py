@@ -514,3 +514,216 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+# Not forwarded either way: they describe one hop, not the request (RFC 9110 §7.6.1), and the
+# fake's Host is the vendor's public name, not the machine's.
+_HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length"}
+
+
+async def forward(scope: dict[str, Any], receive: Any, send: Any, url: str) -> None:
+    """Proxy one HTTP request to ``url`` (a machine's port) as a vendor's edge does: method, path, query,
+    headers and body go through; the response streams back as it comes (an NDJSON run stream, a long poll)
+    and the upstream request ends when the client hangs up."""
+    import httpx
+
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    query = scope.get("query_string", b"").decode()
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), trust_env=False) as client:
+        request = client.build_request(
+            scope["method"], url + (f"?{query}" if query else ""), headers=headers, content=bytes(body)
+        )
+        try:
+            upstream = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            payload = json.dumps({"message": f"the port is not open: {type(exc).__name__}: {exc}"}).encode()
+            await send(
+                {"type": "http.response.start", "status": 502, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": payload})
+            return
+
+        async def pump() -> None:
+            out = [(k, v) for k, v in upstream.headers.raw if k.lower() not in _HOP]
+            await send({"type": "http.response.start", "status": upstream.status_code, "headers": out})
+            async for chunk in upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async def hung_up() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(hung_up())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await upstream.aclose()
+
+
+async def machine_address(machine: Machine) -> str:
+    """The machine's address on the Docker bridge: where the vendor's edge dials its ports."""
+    info = await machine.cloud.call(machine.cloud.api.inspect_container, machine.container)
+    return str((info.get("NetworkSettings") or {}).get("IPAddress") or "")
+
+
+class VendorEdge:
+    """The vendors' public edge for the host: HTTPS on their domains, without public DNS.
+
+    A client that reaches a vendor's preview URL (``https://8080-<id>.e2b.fake``) as a real one
+    would, over TLS with the name checked, points ``HTTPS_PROXY`` here and trusts ``ca_file``
+    (``SSL_CERT_FILE``): this CONNECT proxy terminates TLS for every domain in ``routes`` (a
+    certificate its own CA signed) and pipes the plain HTTP inside to that vendor's fake server,
+    which routes it by its ``Host`` as the vendor's proxy does. Nothing of the fakes' own API goes
+    through here (those are ``http://127.0.0.1``).
+    """
+
+    def __init__(self, routes: Mapping[str, int], directory: str) -> None:
+        self.routes = dict(routes)  # domain -> the port of the fake server on 127.0.0.1 that serves it
+        self.ca_file, cert, key = _certificates(list(self.routes), directory)
+        import ssl
+
+        self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._tls.load_cert_chain(cert, key)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = int(sock.getsockname()[1])
+        self._sock = sock
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+        self.tunnels: list[str] = []  # the names clients asked to CONNECT to, in order
+        self.thread = threading.Thread(target=self._loop.run_forever, name="vendor-edge", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> VendorEdge:
+        self.thread.start()
+
+        async def serve() -> None:
+            self._server = await asyncio.start_server(self._connection, sock=self._sock)
+
+        asyncio.run_coroutine_threadsafe(serve(), self._loop).result(10)
+        return self
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in list(self._conns):
+                task.cancel()
+            await asyncio.gather(*self._conns, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self._loop.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            method, target, _ = head.split(b"\r\n", 1)[0].decode().split(" ", 2)
+            name = target.rpartition(":")[0]
+            port = next((p for domain, p in self.routes.items() if name.endswith("." + domain)), None)
+            if method != "CONNECT" or port is None:
+                writer.write(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
+                await writer.drain()
+                return
+            self.tunnels.append(name)
+            up_reader, upstream = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            await writer.start_tls(self._tls)
+            await asyncio.gather(_pipe(reader, upstream), _pipe(up_reader, writer))
+        except (OSError, ValueError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            self._conns.discard(task)
+            for end in (writer, upstream):
+                if end is not None:
+                    with contextlib.suppress(Exception):
+                        end.close()
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    try:
+        while data := await source.read(65536):
+            sink.write(data)
+            await sink.drain()
+    finally:
+        with contextlib.suppress(Exception):
+            if sink.can_write_eof():
+                sink.write_eof()
+            else:
+                sink.close()
+
+
+def _certificates(domains: Sequence[str], directory: str) -> tuple[str, str, str]:
+    """(CA file, leaf cert file, leaf key file): a throwaway CA and a leaf for ``*.<domain>`` of each domain."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "boxwright fake vendor edge CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, domains[0])]))
+        .issuer_name(ca_name)
+        .public_key(leaf_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(f"*.{d}") for d in domains]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = tuple(os.path.join(directory, name) for name in ("edge-ca.pem", "edge-cert.pem", "edge-key.pem"))
+    pem = serialization.Encoding.PEM
+    with open(paths[0], "wb") as out:
+        out.write(ca.public_bytes(pem))
+    with open(paths[1], "wb") as out:
+        out.write(leaf.public_bytes(pem))
+    with open(paths[2], "wb") as out:
+        out.write(leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return paths[0], paths[1], paths[2]

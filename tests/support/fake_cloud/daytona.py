@@ -38,14 +38,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from .backend import FakeCloud, Machine, Process, ServerThread
+from .backend import FakeCloud, Machine, Process, ServerThread, forward, machine_address
 
 PROXY_DOMAIN = "proxy.daytona.fake"
 STDOUT = b"\x01\x01\x01"
@@ -584,12 +583,5 @@ class FakeDaytona:
         if not box.public and signed is None and headers.get("x-daytona-preview-token") != box.preview_token:
             await _error(401, "preview token required")(scope, receive, send)
             return
-        info = await box.machine.cloud.call(box.machine.cloud.api.inspect_container, box.machine.container)
-        address = (info.get("NetworkSettings") or {}).get("IPAddress")
-        async with httpx.AsyncClient(timeout=10) as client:
-            try:
-                upstream = await client.request(scope["method"], f"http://{address}:{port_text}{scope['path']}")
-            except httpx.HTTPError as exc:
-                await _error(502, f"port {port_text} is not open: {exc}")(scope, receive, send)
-                return
-        await Response(upstream.content, status_code=upstream.status_code)(scope, receive, send)
+        # Streamed both ways with the request's method, query, headers and body, as Daytona's proxy does.
+        await forward(scope, receive, send, f"http://{await machine_address(box.machine)}:{port_text}{scope['path']}")

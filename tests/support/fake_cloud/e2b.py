@@ -35,7 +35,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.process import process_connect, process_pb
@@ -45,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .backend import FakeCloud, Machine, ServerThread
+from .backend import FakeCloud, Machine, ServerThread, forward, machine_address
 
 ENVD_VERSION = "0.5.8"
 DOMAIN = "e2b.fake"
@@ -378,16 +377,8 @@ class FakeE2B:
         if box.traffic_token is not None and headers.get("e2b-traffic-access-token") != box.traffic_token:
             await _error(403, "missing or invalid traffic access token")(scope, receive, send)
             return
-        info = await box.machine.cloud.call(box.machine.cloud.api.inspect_container, box.machine.container)
-        address = (info.get("NetworkSettings") or {}).get("IPAddress")
-        url = f"http://{address}:{port_text}{scope['path']}"
-        async with httpx.AsyncClient(timeout=10) as client:
-            try:
-                upstream = await client.request(scope["method"], url)
-            except httpx.HTTPError as exc:
-                await _error(502, f"port {port_text} is not open: {exc}")(scope, receive, send)
-                return
-        await Response(upstream.content, status_code=upstream.status_code)(scope, receive, send)
+        # Streamed both ways with the request's method, query, headers and body, as E2B's edge proxies.
+        await forward(scope, receive, send, f"http://{await machine_address(box.machine)}:{port_text}{scope['path']}")
 
 
 def _user_of(ctx: Any) -> str:

@@ -38,14 +38,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .backend import FakeCloud, Machine, Process, ServerThread
+from .backend import FakeCloud, Machine, Process, ServerThread, forward, machine_address
 
 DOMAIN = "up.railway.fake"
 _SIGNALS = {"TERM": 15, "KILL": 9, "INT": 2, "HUP": 1, "QUIT": 3}
@@ -419,16 +418,8 @@ class FakeRailway:
         for sandbox in self.sandboxes.values():
             for domain in sandbox.domains:
                 if domain["domain"] == host and sandbox.machine is not None:
-                    machine = sandbox.machine
-                    info = await machine.cloud.call(machine.cloud.api.inspect_container, machine.container)
-                    address = (info.get("NetworkSettings") or {}).get("IPAddress")
-                    url = f"http://{address}:{domain['port']}{scope['path']}"
-                    async with httpx.AsyncClient(timeout=10) as client:
-                        try:
-                            upstream = await client.request(scope["method"], url)
-                        except httpx.HTTPError as exc:
-                            await Response(f"upstream: {exc}", status_code=502)(scope, receive, send)
-                            return
-                    await Response(upstream.content, status_code=upstream.status_code)(scope, receive, send)
+                    # Streamed both ways with the request's method, query, headers and body, as Railway's edge.
+                    address = await machine_address(sandbox.machine)
+                    await forward(scope, receive, send, f"http://{address}:{domain['port']}{scope['path']}")
                     return
         await Response("Application not found", status_code=404)(scope, receive, send)
