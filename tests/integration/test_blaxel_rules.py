@@ -24,6 +24,7 @@ from boxwright.errors import AbortError, ProviderUnavailableError, UnsupportedCa
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from tests.support.cloud_providers import blaxel_fake, blaxel_fake_provider, fake_problem
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +68,9 @@ def test_secrets_travel_as_request_env_never_in_a_command_string_or_the_spec() -
     assert [c for c in commands if SECRET in c] == [], "a secret reached a command string"
     creates = [b for b in fake.bodies[seen_bodies:] if '"runtime"' in b]
     assert creates and all(SECRET not in b for b in creates), "a secret reached the create request"
+    # Nor in pieces: split over commands, encoded, in a create request or a sandbox record (its labels).
+    records = [*commands, *creates, *(json.dumps(b.record) for b in fake.boxes.values())]
+    assert secret_pieces(records, SECRET) == []
 
 
 def test_gone_states_resume_as_none_deactivated_resumes_and_auth_failure_raises() -> None:

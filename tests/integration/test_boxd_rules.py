@@ -21,6 +21,7 @@ from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import boxd_fake, boxd_fake_provider, fake_problem
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +76,9 @@ def test_secrets_travel_on_stdin_never_in_a_command_string_or_a_snapshot() -> No
     commands = fake.commands()
     assert commands, "the fake received no commands"
     assert [c for c in commands if SECRET in c] == [], "a secret reached a command string"
+    # Nor in pieces: split over commands, encoded, in labels or a snapshot record.
+    records = [*commands, *(repr(v.labels) for v in fake.vms.values()), *map(repr, fake.snapshots.items())]
+    assert secret_pieces(records, SECRET) == []
 
 
 def test_a_destroyed_machine_resumes_as_none_a_stopped_one_starts_and_auth_failure_raises() -> None:

@@ -18,6 +18,7 @@ from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, Resume
 from boxwright.testkit import RecordingLogger
 from tests.support.cloud_providers import cloudflare_fake, cloudflare_fake_provider, fake_problem
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +47,17 @@ def test_secrets_travel_in_request_bodies_never_in_a_command_string() -> None:
             opts = ProcessOptions(env={"BW_CMD": SECRET + "-cmd"})
             spawned = await handle.process.spawn('test -n "$BW_CMD" && echo ok', opts)
             assert (await spawned.wait()) == 0
+            handle.env.set({"BW_SET": SECRET + "-set"})
+            both = await handle.process.exec('test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', opts)
+            assert both.stdout == "ok\n", both
         finally:
             await handle.destroy()
 
     run(body)
     assert fake.commands(), "the fake received no commands"
     assert [c for c in fake.commands() if SECRET in c] == [], "a secret reached a command string"
+    # Nor in pieces: split over commands or encoded in them.
+    assert secret_pieces(fake.commands(), SECRET) == []
 
 
 def test_a_destroyed_sandbox_resumes_as_none_and_a_live_one_keeps_its_files() -> None:

@@ -25,6 +25,7 @@ from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import daytona_fake, daytona_fake_provider, fake_problem
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +80,10 @@ def test_secrets_are_organization_secrets_and_never_in_a_command_string_or_a_sna
     assert all(SECRET not in body for body in fake.create_bodies), "a secret value is in a create record"
     leaked = [c for c in fake.commands() if SECRET in c]
     assert leaked == [], f"a secret reached a command string: {leaked[:3]}"
+    # Nor in pieces: split over commands, encoded, in a create record, labels or a snapshot record.
+    labels = [repr(b.labels) for b in fake.boxes.values()]
+    records = [*fake.commands(), *fake.create_bodies, *labels, *map(repr, fake.snapshots.items())]
+    assert secret_pieces(records, SECRET) == []
     assert not [s for s in fake.secrets.values() if s.get("value") == SECRET], "destroy left the Secret"
 
 

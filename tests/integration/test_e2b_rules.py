@@ -23,6 +23,7 @@ from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import e2b_fake, e2b_fake_provider, fake_problem
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +77,9 @@ def test_secrets_travel_as_envs_never_in_a_command_string_or_a_snapshot() -> Non
     assert commands, "the fake received no commands"
     leaked = [c for c in commands if SECRET in c]
     assert leaked == [], f"a secret reached a command string: {leaked[:3]}"
+    # Nor in pieces: split over commands, encoded, in metadata or a snapshot record.
+    records = [*commands, *(repr(b.metadata) for b in fake.boxes.values()), *map(repr, fake.snapshots.items())]
+    assert secret_pieces(records, SECRET) == []
 
 
 def test_a_gone_sandbox_resumes_as_none_and_an_auth_failure_raises() -> None:

@@ -24,6 +24,7 @@ from boxwright.providers.railway import RailwayError, railway_sandbox
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import fake_problem, railway_fake, railway_fake_provider
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -80,6 +81,9 @@ def test_secrets_travel_as_variables_and_frame_env_never_in_a_command_string_or_
     leaked = [c for c in commands if SECRET in c]
     assert leaked == [], f"a secret reached a command string: {leaked[:3]}"
     assert any(i.get("variables", {}).get("BW_SECRET") == SECRET for i in fake.inputs), "create sent no variables"
+    # Nor in pieces: split over commands, encoded, in a checkpoint or any create field but `variables`.
+    rest = [repr({k: v for k, v in i.items() if k != "variables"}) for i in fake.inputs]
+    assert secret_pieces([*commands, *rest, *fake.checkpoints], SECRET) == []
 
 
 def test_a_gone_sandbox_resumes_as_none_creating_is_waited_for_and_an_auth_failure_raises() -> None:

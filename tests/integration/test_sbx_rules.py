@@ -22,6 +22,7 @@ from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, Resume
 from boxwright.workspace import Workspace, git_source
 from tests.support.cloud_providers import fake_problem, sbx_fake, sbx_fake_provider
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +48,19 @@ def test_env_values_reach_the_cli_argv_never_the_vm_command() -> None:
         try:
             seen = await handle.process.exec('printf %s "$BW_SECRET"', ProcessOptions(env={"BW_CMD": "x"}))
             assert seen.stdout == SECRET, seen
+            handle.env.set({"BW_SET": SECRET + "-set"})
+            opts = ProcessOptions(env={"BW_CMD": SECRET + "-cmd"})
+            both = await handle.process.exec('test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', opts)
+            assert both.stdout == "ok\n", both
+            spawned = await handle.process.spawn('test -n "$BW_SECRET$BW_CMD" && echo ok', opts)
+            assert (await spawned.wait()) == 0
         finally:
             await handle.destroy()
 
     run(body)
     assert [c for c in fake.commands() if SECRET in c] == [], "a secret reached the VM's command"
+    # Nor in pieces inside the VM (the CLI's own argv carries `-e K=V` by design, S6: not scanned here).
+    assert secret_pieces(fake.commands(), SECRET) == []
     assert any(f"BW_SECRET={SECRET}" in argv for argv in fake.invocations), "env did not travel as -e K=V"
 
 

@@ -23,6 +23,7 @@ from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import fake_problem, upstash_box_fake, upstash_box_fake_provider
 from tests.support.require import missing
+from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +76,10 @@ def test_secrets_travel_as_box_env_and_frame_env_never_in_a_command_string_or_a_
     leaked = [c for c in commands if SECRET in c]
     assert leaked == [], f"a secret reached a command string: {leaked[:3]}"
     assert any((b.get("env_vars") or {}).get("BW_SECRET") == SECRET for b in fake.bodies), "create sent no env"
+    # Nor in pieces: split over commands, encoded, in labels, a snapshot record or any create field but `env_vars`.
+    rest = [repr({k: v for k, v in b.items() if k != "env_vars"}) for b in fake.bodies]
+    snaps = [repr(s) for s in fake.snapshots.values()]
+    assert secret_pieces([*commands, *rest, *snaps, *(repr(b.labels) for b in fake.boxes.values())], SECRET) == []
 
 
 def test_a_deleted_box_resumes_as_none_a_paused_one_wakes_and_an_auth_failure_raises() -> None:
