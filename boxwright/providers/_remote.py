@@ -1,6 +1,6 @@
 """Pieces the cloud providers (E2B, Daytona, ...) share: a text stream fed with decoded
-text, the workspace path mapping, an exec-backed file system, the group-kill script and
-the ownership metadata a reaper looks for.
+text, the workspace path mapping, an exec-backed file system, the process handle and its
+tracking set, the group-kill script and the ownership metadata a reaper looks for.
 
 A cloud SDK hands over output already decoded (its own incremental UTF-8 decoder), so
 these streams take ``str``; the exec-backed fs runs small ``sh -c`` scripts whose values
@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Literal
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from ..errors import SandboxCommandError
-from ..sandbox import WORKSPACE, ExecResult, FsEntry, FsStat, NativeWatch, SandboxChannel
+from ..abort import AbortSignal
+from ..errors import SandboxCommandError, UnsupportedCapabilityError
+from ..sandbox import WORKSPACE, ExecResult, FsEntry, FsStat, NativeWatch, SandboxChannel, SpawnHandle
 from ..shell import join, quote
 
 LABEL_MANAGED = "boxwright.managed"
@@ -30,6 +32,8 @@ MISSING = "__boxwright_missing__"
 NO_PID = "__boxwright_kill_no_pid__"
 SURVIVED = "__boxwright_kill_survived__"
 _WRITE_CHUNK = 48 * 1024
+# How long a kill waits for the remote exit it caused before it says the command may still run.
+KILL_CONFIRM = 10.0
 
 
 def owner_id() -> str:
@@ -126,6 +130,157 @@ if [ -n "$(alive)" ]; then
 fi
 [ -n "$(alive)" ] && echo __boxwright_kill_survived__ >&2
 rm -f "$F"; exit 0"""
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+class NoStdin:
+    """The stdin of a provider that cannot write to a running command (``writable_stdin`` false)."""
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+
+    async def write(self, data: str | bytes) -> None:
+        raise UnsupportedCapabilityError(self._provider, "writable_stdin", "write the prompt to a file and redirect it")
+
+    async def end(self) -> None:
+        return None
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    # An exit nobody waits for (a spawned server) must not log "exception was never retrieved".
+    if not future.cancelled():
+        future.exception()
+
+
+class RemoteProcess:
+    """The ``SpawnHandle`` lifecycle every cloud provider shares; a subclass says how it ends and how it dies.
+
+    The subclass calls ``watch(exit)`` with what resolves to the exit code (its output pump, the
+    SDK's wait) and writes ``_do_kill(sig)``, the vendor's kill. ``wait`` and ``kill`` are
+    shielded: a caller cancelled while it waits (an aborted ``exec``) leaves the exit and the
+    kill running, and a second ``kill`` joins the first instead of signalling twice.
+    """
+
+    pid: int = -1  # most remote APIs report no pid of the command's own
+    _exit: asyncio.Future[int]
+    _kill: asyncio.Task[None] | None = None
+
+    def watch(self, exit: Awaitable[int]) -> None:
+        self._exit = asyncio.ensure_future(exit)
+        self._exit.add_done_callback(_retrieve)
+
+    @property
+    def exited(self) -> bool:
+        return self._exit.done()
+
+    def on_exit(self, callback: Callable[[], object]) -> None:
+        self._exit.add_done_callback(lambda _: callback())
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    def kill_soon(self, sig: int | None = None) -> asyncio.Task[None]:
+        if self._kill is None:
+            self._kill = asyncio.ensure_future(self._do_kill(sig))
+        return self._kill
+
+    async def kill(self, sig: int | None = None) -> None:
+        await asyncio.shield(self.kill_soon(sig))
+
+    async def _do_kill(self, sig: int | None) -> None:
+        raise NotImplementedError
+
+    async def confirm_exit(self, timeout: float = KILL_CONFIRM) -> None:
+        """Wait up to ``timeout`` for the exit a kill caused; whatever the exit raises is the waiter's, not ours."""
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self._exit), timeout)
+
+
+class ScriptHost(Protocol):
+    """What the group kill needs of a handle: a plain helper command and the provider's logger."""
+
+    async def plain(self, line: str) -> ExecResult: ...
+    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None: ...
+
+
+class GroupProcess(RemoteProcess):
+    """A command started under ``WRAPPER``: its kill runs ``KILL_SCRIPT`` on the group its pid file records.
+
+    ``kill_signal`` is the first signal (the script KILLs what survives it); ``after_kill`` is
+    the vendor's last resort when no exit came (close the stream, end the host CLI).
+    """
+
+    kill_signal = "TERM"
+
+    def __init__(self, host: ScriptHost, pid_file: str | None) -> None:
+        self._host = host
+        self._pid_file = pid_file
+
+    async def _do_kill(self, sig: int | None) -> None:
+        if self.exited or self._pid_file is None:
+            return
+        await kill_group(self._host, self._pid_file, self.kill_signal, lambda: self.exited)
+        await self.confirm_exit()
+        if not self.exited:
+            await self.after_kill()
+
+    async def after_kill(self) -> None:
+        return None
+
+
+async def kill_group(host: ScriptHost, pid_file: str, signal: str, exited: Callable[[], bool]) -> None:
+    """Run the kill script on ``pid_file``'s group; say what survived or was never recorded."""
+    try:
+        result = await host.plain(script("kill", KILL_SCRIPT, pid_file, signal))
+    except Exception as exc:  # a gone VM: its processes went with it
+        if not exited():
+            host.warn("could not run the kill script", {"error": repr(exc)})
+        return
+    if SURVIVED in result.stderr:
+        host.warn("processes survived SIGKILL", {"pidFile": pid_file})
+    elif NO_PID in result.stderr and not exited():
+        host.warn("the process recorded no pid; it may still run", {"pidFile": pid_file})
+
+
+P = TypeVar("P", bound=RemoteProcess)
+
+
+class ProcessSet(Generic[P]):
+    """The live processes of one handle: tracked until they exit, killed by an abort, all killed at destroy."""
+
+    def __init__(self) -> None:
+        self.live: set[P] = set()
+
+    def track(self, process: P, signal: AbortSignal | None, abort_sig: int | None = None) -> P:
+        """Keep ``process`` until it exits; ``signal`` aborting kills it (with ``abort_sig``)."""
+        self.live.add(process)
+        process.on_exit(lambda: self.live.discard(process))
+        if signal is not None:
+
+            def on_abort(_reason: object) -> None:
+                process.kill_soon(abort_sig)
+
+            process.on_exit(signal.add_listener(on_abort))
+        return process
+
+    async def kill_all(self, sig: int | None = None) -> None:
+        live = list(self.live)
+        if live:
+            await asyncio.gather(*(p.kill(sig) for p in live), return_exceptions=True)
+
+
+async def exec_result(process: SpawnHandle, *, end_stdin: bool = False) -> ExecResult:
+    """``exec`` over a spawned process: its whole output and code; a cancelled caller kills it."""
+    try:
+        if end_stdin:
+            await process.stdin.end()
+        out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
+    except asyncio.CancelledError:
+        await process.kill()
+        raise
+    return ExecResult(stdout=out, stderr=err, exit_code=code)
 
 
 def script(op: str, text: str, *args: str) -> str:

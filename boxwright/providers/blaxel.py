@@ -66,16 +66,17 @@ from ..shell import quote
 from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
     DEFAULT_LEASE,
-    KILL_SCRIPT,
     LABEL_MANAGED,
     LABEL_OWNER,
-    NO_PID,
-    SURVIVED,
     WRAPPER,
+    GroupProcess,
+    NoStdin,
+    ProcessSet,
     ShellFs,
     TextChannel,
     channel,
     check_port,
+    exec_result,
     map_path,
     owner_id,
     ownership,
@@ -96,7 +97,6 @@ INSTALL_HELP = "pip install 'boxwright[blaxel]'"
 KEY_HELP = f"set {API_KEY_ENV} and {WORKSPACE_ENV} (https://app.blaxel.ai), run `bl login`, or pass blaxel_sandbox(...)"
 # Teardown states of a destroyed sandbox: Blaxel keeps the record a while before purging it.
 GONE_STATUSES = frozenset({"DELETING", "DEACTIVATING", "FAILED", "TERMINATED"})
-_KILL_CONFIRM = 10.0
 _PREVIEW_TOKEN_TTL = timedelta(hours=1)
 _RECORD = re.compile(r"([OEXL]):([A-Za-z0-9+/=]*)\.")
 
@@ -211,24 +211,16 @@ def sandbox_name(key: str | None) -> str:
 # -- processes -----------------------------------------------------------------------------------
 
 
-class _Stdin:
-    async def write(self, data: str | bytes) -> None:
-        raise UnsupportedCapabilityError(NAME, "writable_stdin", "write the prompt to a file and redirect it")
-
-    async def end(self) -> None:
-        return None
-
-
-class BlaxelProcess:
+class BlaxelProcess(GroupProcess):
     """``SpawnHandle`` over one supervised command: records decoded into text, kill by recorded group."""
 
     def __init__(self, handle: BlaxelHandle, pid_file: str) -> None:
+        super().__init__(handle, pid_file)
         self._handle = handle
-        self.pid = -1  # the group id lives in the VM; the contract's pid is the SDK's, which has none here
+        # pid -1: the group id lives in the VM; the contract's pid is the SDK's, which has none here
         self.stdout = TextChannel()
         self.stderr = TextChannel()
-        self.stdin = _Stdin()
-        self._pid_file = pid_file
+        self.stdin = NoStdin(NAME)
         self._decoders = {
             "O": codecs.getincrementaldecoder("utf-8")(errors="replace"),
             "E": codecs.getincrementaldecoder("utf-8")(errors="replace"),
@@ -236,13 +228,7 @@ class BlaxelProcess:
         self._buffer = ""
         self._code: int | None = None
         self._over = False
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(asyncio.get_running_loop().create_future())
 
     def feed(self, text: str) -> None:
         """One ``on_stdout`` delivery of the SDK: any slice of the supervisor's record lines."""
@@ -281,39 +267,11 @@ class BlaxelProcess:
                 return
         self._exit.set_result(final)
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
 
-    def kill_soon(self) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill())
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon())
-
-    async def _do_kill(self) -> None:
-        if self.exited:
-            return
-        try:
-            result = await self._handle.plain(script("kill", KILL_SCRIPT, self._pid_file, "TERM"))
-        except Exception as exc:  # a gone VM: its processes went with it
-            if not self.exited:
-                self._handle.warn("could not run the kill script", {"error": repr(exc)})
-            result = None
-        if result is not None:
-            if SURVIVED in result.stderr:
-                self._handle.warn("processes survived SIGKILL", {"pidFile": self._pid_file})
-            elif NO_PID in result.stderr and not self.exited:
-                self._handle.warn("the process recorded no pid; it may still run", {"pidFile": self._pid_file})
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
-
-
-class BlaxelProcesses:
+class BlaxelProcesses(ProcessSet[BlaxelProcess]):
     def __init__(self, handle: BlaxelHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[BlaxelProcess] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> BlaxelProcess:
@@ -337,16 +295,7 @@ class BlaxelProcesses:
         task = asyncio.ensure_future(self._run(process, request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(process, opts.signal)
 
     async def _run(self, process: BlaxelProcess, request: dict[str, Any]) -> None:
         code: int | None = None
@@ -361,22 +310,7 @@ class BlaxelProcesses:
             process.finish(code, error)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        process = await self.spawn(command, opts)
-        try:
-            out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
-
-
-async def _collect(stream: TextChannel) -> str:
-    return "".join([chunk async for chunk in stream])
+        return await exec_result(await self.spawn(command, opts))
 
 
 class BlaxelPorts:

@@ -63,16 +63,16 @@ from ..shell import quote
 from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
     DEFAULT_LEASE,
-    KILL_SCRIPT,
     LABEL_MANAGED,
     LABEL_OWNER,
-    NO_PID,
-    SURVIVED,
     WRAPPER,
+    GroupProcess,
+    ProcessSet,
     ShellFs,
     TextChannel,
     channel,
     check_port,
+    exec_result,
     map_path,
     owner_id,
     ownership,
@@ -89,7 +89,6 @@ INSTALL_HELP = "pip install 'boxwright[boxd]'"
 KEY_HELP = f"set {API_KEY_ENV} and {ORG_ENV} (https://boxd.sh) or pass boxd_sandbox(api_key=..., org=...)"
 SNAPSHOT_READY = frozenset({"ready", "available", "active"})
 SNAPSHOT_FAILED = frozenset({"failed", "error"})
-_KILL_CONFIRM = 10.0
 _SNAPSHOT_WAIT = 600.0
 
 # Reads one base64 line of `export K='v'` statements from stdin (values never in argv), then
@@ -160,24 +159,18 @@ class _Stdin:
                 await self._process.stream.write_eof()
 
 
-class BoxdProcess:
+class BoxdProcess(GroupProcess):
     """``SpawnHandle`` over one streaming exec; ``kill`` signals the recorded group inside the VM."""
 
     def __init__(self, handle: BoxdHandle, stream: Any, pid_file: str) -> None:
+        super().__init__(handle, pid_file)
         self._handle = handle
         self.stream = stream
-        self.pid = -1  # the group id lives in the VM's pid file; the stream reports none
+        # pid -1: the group id lives in the VM's pid file; the stream reports none
         self.stdout = TextChannel()
         self.stderr = TextChannel()
         self.stdin = _Stdin(self)
-        self._pid_file = pid_file
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Task[int] = asyncio.ensure_future(self._pump())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(self._pump())
 
     async def _pump(self) -> int:
         import codecs
@@ -204,42 +197,15 @@ class BoxdProcess:
             self.stdout.close()
             self.stderr.close()
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill())
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon())
-
-    async def _do_kill(self) -> None:
-        if self.exited:
-            return
-        try:
-            result = await self._handle.plain(script("kill", KILL_SCRIPT, self._pid_file, "TERM"))
-        except Exception as exc:  # a gone machine: its processes went with it
-            if not self.exited:
-                self._handle.warn("could not run the kill script", {"error": repr(exc)})
-            result = None
-        if result is not None:
-            if SURVIVED in result.stderr:
-                self._handle.warn("processes survived SIGKILL", {"pidFile": self._pid_file})
-            elif NO_PID in result.stderr and not self.exited:
-                self._handle.warn("the process recorded no pid; it may still run", {"pidFile": self._pid_file})
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
-        if not self.exited:
-            with contextlib.suppress(Exception):
-                await self.stream.close()
+    async def after_kill(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.stream.close()
 
 
-class BoxdProcesses:
+class BoxdProcesses(ProcessSet[BoxdProcess]):
     def __init__(self, handle: BoxdHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[BoxdProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> BoxdProcess:
         opts = opts or ProcessOptions()
@@ -253,36 +219,12 @@ class BoxdProcesses:
         stream = handle.client.machines.stream_exec(handle.id, command=line)
         await stream.__aenter__()  # opens the bidi call, so stdin can be written
         await stream.write(env_line(values))
-        process = BoxdProcess(handle, stream, pid_file)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(BoxdProcess(handle, stream, pid_file), opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
         process = await self.spawn(command, opts)
         await process.stdin.end()
-        try:
-            out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
-
-
-async def _collect(stream: TextChannel) -> str:
-    return "".join([chunk async for chunk in stream])
+        return await exec_result(process)
 
 
 class BoxdPorts:

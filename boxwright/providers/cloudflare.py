@@ -57,7 +57,15 @@ from ..sandbox import (
     SnapshotRef,
 )
 from ._posix import HandleEnv, Logger, StdlibLogger
-from ._remote import ShellFs, TextChannel, check_port, map_path, script
+from ._remote import (
+    NoStdin,
+    RemoteProcess,
+    ShellFs,
+    TextChannel,
+    check_port,
+    map_path,
+    script,
+)
 
 NAME = "cloudflare"
 MARKER = "/var/tmp/.boxwright-sandbox"
@@ -86,28 +94,18 @@ def _capabilities() -> Capabilities:
     )
 
 
-class _Stdin:
-    async def write(self, data: str | bytes) -> None:
-        raise UnsupportedCapabilityError(NAME, "writable_stdin", "write the prompt to a file and redirect it")
-
-    async def end(self) -> None:
-        return None
-
-
-class CloudflareProcess:
+class CloudflareProcess(RemoteProcess):
     """``SpawnHandle`` over one streaming exec of the Worker."""
 
     def __init__(self, handle: CloudflareHandle, body: dict[str, Any]) -> None:
         self._handle = handle
-        self.pid = -1
         self.stdout = TextChannel()
         self.stderr = TextChannel()
-        self.stdin = _Stdin()
-        self._exit: asyncio.Task[int] = asyncio.ensure_future(self._pump(body))
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.stdin = NoStdin(NAME)
+        self.watch(self._pump(body))
 
     @property
-    def exit_task(self) -> asyncio.Task[int]:
+    def exit_task(self) -> asyncio.Future[int]:
         return self._exit
 
     async def _pump(self, body: dict[str, Any]) -> int:
@@ -133,12 +131,9 @@ class CloudflareProcess:
             self.stdout.close()
             self.stderr.close()
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    async def kill(self, sig: int | None = None) -> None:
+    async def _do_kill(self, sig: int | None) -> None:
         # Workers RPC serialises no AbortSignal: nothing can reach the process (killable_processes=False).
-        if not self._exit.done():
+        if not self.exited:
             self._handle.warn_once("kill() cannot reach a Cloudflare sandbox process; it keeps running")
 
 
@@ -173,7 +168,8 @@ class CloudflareProcesses:
         ]
         aborted = asyncio.ensure_future(signal.wait())
         try:
-            await asyncio.wait({process.exit_task, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            first: set[asyncio.Future[Any]] = {process.exit_task, aborted}
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             if process.exit_task.done():
                 code = await process.exit_task
             else:

@@ -72,11 +72,14 @@ from ._remote import (
     DEFAULT_LEASE,
     LABEL_MANAGED,
     LABEL_OWNER,
+    ProcessSet,
+    RemoteProcess,
     ShellFs,
     TextChannel,
     channel,
     check_port,
     collect,
+    exec_result,
     map_path,
     owner_id,
     ownership,
@@ -160,10 +163,10 @@ class _Stdin:
                 await self._process.send(".\n")
 
 
-class DaytonaProcess:
+class DaytonaProcess(RemoteProcess):
     """``SpawnHandle`` over one async session command: its log stream, its polled status, its session."""
 
-    pid = -1  # a session command has no pid the API reports
+    # pid -1: a session command has no pid the API reports
 
     def __init__(self, handle: DaytonaHandle, session: str, command_id: str, stdin: bool, fifo: str | None) -> None:
         self._handle = handle
@@ -174,17 +177,11 @@ class DaytonaProcess:
         self.stderr = TextChannel()
         self.stdin = _Stdin(self, stdin)
         self._killed = False
-        self._kill: asyncio.Task[None] | None = None
         self._logs = asyncio.ensure_future(
             handle.sdk.process.get_session_command_logs_async(session, command_id, self.stdout.feed, self.stderr.feed)
         )
         self._logs.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._exit: asyncio.Future[int] = asyncio.ensure_future(self._poll())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(self._poll())
 
     async def send(self, line: str) -> None:
         await self._handle.sdk.process.send_session_command_input(self._session, self._command, line)
@@ -216,33 +213,21 @@ class DaytonaProcess:
             if not self._killed:
                 self._handle.drop_session_soon(self._session)  # not on the path of wait(): nobody waits on it
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill())
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon())
-
-    async def _do_kill(self) -> None:
+    async def _do_kill(self, sig: int | None) -> None:
         if self.exited:
             return
         self._killed = True
         await self._handle.drop_session(self._session)
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), 10.0)
+        await self.confirm_exit()
         if self._fifo is not None and not self._handle.destroyed:
             with contextlib.suppress(Exception):  # the killed wrapper could not remove its stdin FIFO
                 await self._handle.plain(f"rm -f {quote(self._fifo)}")
 
 
-class DaytonaProcesses:
+class DaytonaProcesses(ProcessSet[DaytonaProcess]):
     def __init__(self, handle: DaytonaHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[DaytonaProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None, *, stdin: bool = True) -> DaytonaProcess:
         opts = opts or ProcessOptions()
@@ -263,31 +248,10 @@ class DaytonaProcesses:
             parts.append(f"sh -c {quote(_STDIN_WRAPPER)} boxwright {quote(fifo)} {quote(command)}")
         else:
             parts.append(f"sh -c {quote(command)} < /dev/null")
-        process = await handle.start(" && ".join(parts), stdin, fifo)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(await handle.start(" && ".join(parts), stdin, fifo), opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        process = await self.spawn(command, opts, stdin=False)
-        try:
-            out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
+        return await exec_result(await self.spawn(command, opts, stdin=False))
 
 
 class DaytonaFs(ShellFs):

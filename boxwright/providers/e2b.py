@@ -65,14 +65,15 @@ from ._remote import (
     KILL_SCRIPT,
     LABEL_MANAGED,
     LABEL_OWNER,
-    NO_PID,
-    SURVIVED,
     WRAPPER,
+    GroupProcess,
+    ProcessSet,
     ShellFs,
     TextChannel,
     channel,
     check_port,
     collect,
+    exec_result,
     map_path,
     owner_id,
     ownership,
@@ -88,8 +89,6 @@ TRAFFIC_HEADER = "e2b-traffic-access-token"
 NONCE = "boxwright.create-nonce"
 INSTALL_HELP = "pip install 'boxwright[e2b]'"
 KEY_HELP = f"set {API_KEY_ENV} (https://e2b.dev/dashboard) or pass e2b_sandbox(api_key=...)"
-# How long a kill waits for the command it killed to report its end.
-_KILL_CONFIRM = 10.0
 _SIGNALS = {"killed": 9, "terminated": 15, "interrupt": 2, "hangup": 1, "quit": 3, "aborted": 6, "broken pipe": 13}
 
 
@@ -146,26 +145,23 @@ class _Stdin:
                 await self._process.sdk_handle.close_stdin()
 
 
-class E2BProcess:
+class E2BProcess(GroupProcess):
     """``SpawnHandle`` over one envd process; ``kill`` signals the recorded group inside the VM."""
+
+    # Always SIGKILL (seed): a TERM the command traps would leave the group running.
+    kill_signal = "KILL"
 
     def __init__(
         self, handle: E2BHandle, sdk_handle: Any, out: TextChannel, err: TextChannel, pid_file: str | None, stdin: bool
     ) -> None:
+        super().__init__(handle, pid_file)
         self._handle = handle
         self.sdk_handle = sdk_handle
         self.pid = int(sdk_handle.pid)
         self.stdout = out
         self.stderr = err
         self.stdin = _Stdin(self, stdin)
-        self._pid_file = pid_file
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Future[int] = asyncio.ensure_future(self._await_exit())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(self._await_exit())
 
     async def _await_exit(self) -> int:
         e2b = _sdk()
@@ -182,35 +178,6 @@ class E2BProcess:
             self.stdout.close()
             self.stderr.close()
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill())
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        # Always SIGKILL (seed): a TERM the command traps would leave the group running.
-        await asyncio.shield(self.kill_soon())
-
-    async def _do_kill(self) -> None:
-        if self.exited or self._pid_file is None:
-            return
-        try:
-            result = await self._handle.plain(script("kill", KILL_SCRIPT, self._pid_file, "KILL"))
-        except Exception as exc:  # a gone VM: its processes went with it
-            if not self.exited:
-                self._handle.warn("could not run the kill script", {"error": repr(exc)})
-            result = None
-        if result is not None:
-            if SURVIVED in result.stderr:
-                self._handle.warn("processes survived SIGKILL", {"pidFile": self._pid_file})
-            elif NO_PID in result.stderr and not self.exited:
-                self._handle.warn("the process recorded no pid; it may still run", {"pidFile": self._pid_file})
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
-
 
 def _exit_code(code: int, error: str | None) -> int:
     """envd reports a signal death as -1 with ``status "signal: killed"``; the contract wants 128 + signo (K5)."""
@@ -220,10 +187,10 @@ def _exit_code(code: int, error: str | None) -> int:
     return 128 + _SIGNALS.get(text, 9)
 
 
-class E2BProcesses:
+class E2BProcesses(ProcessSet[E2BProcess]):
     def __init__(self, handle: E2BHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[E2BProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None, *, stdin: bool = True) -> E2BProcess:
         opts = opts or ProcessOptions()
@@ -245,30 +212,10 @@ class E2BProcesses:
             # Cancelled while envd started it: the command may run already, its group recorded in the pid file.
             await asyncio.shield(handle.kill_recorded(pid_file))
             raise
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(process, opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        process = await self.spawn(command, opts, stdin=False)
-        try:
-            out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
+        return await exec_result(await self.spawn(command, opts, stdin=False))
 
 
 class E2BFs(ShellFs):

@@ -86,7 +86,18 @@ from ..sandbox import (
 )
 from ..shell import quote
 from ._posix import HandleEnv, Logger, StdlibLogger
-from ._remote import ShellFs, TextChannel, channel, check_port, collect, map_path, script
+from ._remote import (
+    ProcessSet,
+    RemoteProcess,
+    ShellFs,
+    TextChannel,
+    channel,
+    check_port,
+    collect,
+    exec_result,
+    map_path,
+    script,
+)
 
 NAME = "railway"
 PROJECT_TOKEN_ENV = "RAILWAY_TOKEN"
@@ -107,7 +118,6 @@ KEY_HELP = (
 )
 # TERM, then KILL after this long (seed); then how long a kill waits for the confirmed exit.
 _TERM_GRACE = 2.0
-_KILL_CONFIRM = 10.0
 _READY_TIMEOUT = 120.0
 _RESUME_TIMEOUT = 60.0
 # Status polls back off from 0.1 s to 0.5 s: a sandbox is often RUNNING within a moment of its create answer.
@@ -234,10 +244,10 @@ class _Stdin:
                 await self._process.ws.send(json.dumps({"type": "stdin_close"}))
 
 
-class RailwayProcess:
+class RailwayProcess(RemoteProcess):
     """``SpawnHandle`` over one exec-bridge session; signals go to the command's process group."""
 
-    pid = -1  # the exec bridge reports no remote pid
+    # pid -1: the exec bridge reports no remote pid
 
     def __init__(self, handle: RailwayHandle, ws: ClientConnection) -> None:
         self._handle = handle
@@ -250,13 +260,7 @@ class RailwayProcess:
             STDOUT: codecs.getincrementaldecoder("utf-8")(errors="replace"),
             STDERR: codecs.getincrementaldecoder("utf-8")(errors="replace"),
         }
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Future[int] = asyncio.ensure_future(self._pump())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(self._pump())
 
     async def _pump(self) -> int:
         code: int | None = None
@@ -292,40 +296,28 @@ class RailwayProcess:
         # A negative code is a signal death reported as -signo; the contract wants 128 + signo (K5).
         return 128 - code if code < 0 else code
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self, grace: float | None = _TERM_GRACE) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill(grace))
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon(0.0 if sig == 9 else _TERM_GRACE))
-
     async def _signal(self, name: str) -> None:
         with contextlib.suppress(ConnectionClosed):
             await self.ws.send(json.dumps({"type": "signal", "data": {"signal": name}}))
 
-    async def _do_kill(self, grace: float | None) -> None:
+    async def _do_kill(self, sig: int | None) -> None:
+        """TERM, then KILL after ``_TERM_GRACE``; a KILL (9) asked for goes at once."""
         if self.exited:
             return
-        if grace:
+        if sig != 9:
             await self._signal("TERM")
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(self._exit), grace)
+            await self.confirm_exit(_TERM_GRACE)
         if not self.exited:
             await self._signal("KILL")
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
+        await self.confirm_exit()
         if not self.exited:
             self._handle.warn("no exit was confirmed after KILL; the command may still run", {"session": self.session})
 
 
-class RailwayProcesses:
+class RailwayProcesses(ProcessSet[RailwayProcess]):
     def __init__(self, handle: RailwayHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[RailwayProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> RailwayProcess:
         return await self._start(command, opts, durable=True)
@@ -338,29 +330,14 @@ class RailwayProcesses:
         env = {**handle.env.get(), **(opts.env or {})}
         cwd = map_path(opts.cwd or "", handle.workdir)
         process = await handle.start(command, env, cwd, durable=durable)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-            # An aborted spawn is KILLed at once; an aborted exec gets TERM first (seed).
-            grace = None if durable else _TERM_GRACE
-            remove = opts.signal.add_listener(lambda _reason: _discard(process.kill_soon(grace)))
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        # An aborted spawn is KILLed at once; an aborted exec gets TERM first (seed).
+        return self.track(process, opts.signal, 9 if durable else None)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        process = await self._start(command, opts, durable=False)
-        try:
-            await process.stdin.end()
-            out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
+        return await exec_result(await self._start(command, opts, durable=False), end_stdin=True)
 
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill(9) for p in live), return_exceptions=True)
+    async def kill_all(self, sig: int | None = 9) -> None:
+        await super().kill_all(sig)
 
 
 class RailwayPorts:
@@ -739,10 +716,6 @@ class RailwayProvider:
             if not info.get("hasNextPage"):
                 return found
             after = info.get("endCursor")
-
-
-def _discard(_task: asyncio.Task[None]) -> None:
-    """The kill runs on its own (``kill_soon`` keeps the task); a listener returns nothing."""
 
 
 def _check_endpoint(url: str, secure: tuple[str, ...], plain: tuple[str, ...]) -> None:

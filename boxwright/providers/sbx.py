@@ -63,16 +63,24 @@ from ..sandbox import (
     SnapshotRef,
 )
 from ._posix import HandleEnv, Logger, StdlibLogger
-from ._remote import KILL_SCRIPT, NO_PID, SURVIVED, ShellFs, TextChannel, check_port, map_path, script
+from ._remote import (
+    WRAPPER,
+    GroupProcess,
+    NoStdin,
+    ProcessSet,
+    ShellFs,
+    TextChannel,
+    check_port,
+    exec_result,
+    map_path,
+)
 
 NAME = "sbx"
 INSTALL_HELP = "install Docker Sandboxes (https://docs.docker.com/ai/sandboxes/) so that `sbx` is on PATH"
 LOGIN_HELP = "run `sbx login` (in CI: pipe a token to `sbx login --password-stdin`)"
 ADAPTER_HOSTS = {"grok-build": "api.x.ai", "claude-code": "api.anthropic.com", "codex": "api.openai.com"}
 _LOGIN = re.compile(r"not (signed|logged) in|sbx login|unauthori[sz]ed|authentication required", re.I)
-_KILL_CONFIRM = 10.0
 # D6: the exec process is a session leader in the VM, so the pid it records is its group.
-_PID_WRAPPER = 'echo $$ > "$1" || exit 125; sh -c "$2"; c=$?; rm -f "$1"; exit $c'
 
 
 def _capabilities() -> Capabilities:
@@ -112,32 +120,16 @@ def _rows(value: Any, key: str) -> list[dict[str, Any]]:
     return [r for r in rows or [] if isinstance(r, dict)]
 
 
-class _Stdin:
-    async def write(self, data: str | bytes) -> None:
-        raise UnsupportedCapabilityError(NAME, "writable_stdin", "write the prompt to a file and redirect it")
-
-    async def end(self) -> None:
-        return None
-
-
-class SbxProcess:
+class SbxProcess(GroupProcess):
     """``SpawnHandle`` over one ``sbx exec`` child on the host."""
 
     def __init__(self, handle: SbxHandle, child: asyncio.subprocess.Process, pid_file: str) -> None:
-        self._handle = handle
+        super().__init__(handle, pid_file)
         self._child = child
-        self.pid = -1
         self.stdout = TextChannel()
         self.stderr = TextChannel()
-        self.stdin = _Stdin()
-        self._pid_file = pid_file
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Task[int] = asyncio.ensure_future(self._pump())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.stdin = NoStdin(NAME)
+        self.watch(self._pump())
 
     async def _read(self, stream: asyncio.StreamReader | None, into: TextChannel) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -153,42 +145,16 @@ class SbxProcess:
         code = await self._child.wait()
         return 128 - code if code < 0 else code
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill())
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon())
-
-    async def _do_kill(self) -> None:
-        if self.exited:
-            return
-        try:
-            result = await self._handle.plain(script("kill", KILL_SCRIPT, self._pid_file, "TERM"))
-        except Exception as exc:
-            result = None
-            if not self.exited:
-                self._handle.warn("could not run the kill script", {"error": repr(exc)})
-        if result is not None:
-            if SURVIVED in result.stderr:
-                self._handle.warn("processes survived SIGKILL", {"pidFile": self._pid_file})
-            elif NO_PID in result.stderr and not self.exited:
-                self._handle.warn("the process recorded no pid; it may still run", {"pidFile": self._pid_file})
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
-        if not self.exited:  # the host CLI only detaches when it dies; end it anyway
-            with contextlib.suppress(ProcessLookupError):
-                self._child.kill()
+    async def after_kill(self) -> None:
+        # The host CLI only detaches when it dies; end it anyway.
+        with contextlib.suppress(ProcessLookupError):
+            self._child.kill()
 
 
-class SbxProcesses:
+class SbxProcesses(ProcessSet[SbxProcess]):
     def __init__(self, handle: SbxHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[SbxProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> SbxProcess:
         opts = opts or ProcessOptions()
@@ -200,37 +166,12 @@ class SbxProcesses:
         )
         env = {**handle.env.get(), **(opts.env or {})}
         cwd = map_path(opts.cwd or "", handle.workspace_root)
-        inner = ["sh", "-c", _PID_WRAPPER, "boxwright", pid_file, command]
+        inner = ["sh", "-c", WRAPPER, "boxwright", pid_file, command]
         child = await handle.provider_.start_exec(handle.id, inner, env, cwd)
-        process = SbxProcess(handle, child, pid_file)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(SbxProcess(handle, child, pid_file), opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        process = await self.spawn(command, opts)
-        try:
-            out, err, code = await asyncio.gather(_collect(process.stdout), _collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
-
-
-async def _collect(stream: TextChannel) -> str:
-    return "".join([chunk async for chunk in stream])
+        return await exec_result(await self.spawn(command, opts))
 
 
 class SbxPorts:
@@ -444,12 +385,20 @@ class SbxProvider:
                 args += ["--memory", self.memory]
             for port in self.publish:
                 args += ["--publish", str(port)]
-            result = await self.host([*args, "shell", directory], "create", check=False)
+            # S4: once `sbx create` ran, its VM may exist even when it failed (a boot timeout) or when we
+            # were cancelled (the CLI child keeps running): remove it, unless the name was another's.
+            creating = asyncio.ensure_future(self.host([*args, "shell", directory], "create", check=False))
+            made = True
+            try:
+                result = await asyncio.shield(creating)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await creating  # let the CLI end, so the rm below finds what it made
+                raise
             if result.exit_code != 0:
                 if "already exists" in result.stderr:
-                    made = False
+                    made = False  # a sandbox of that name that is not ours: never remove it
                 raise SandboxCommandError("sbx create", result.exit_code, result.stderr.strip())
-            made = True
             for action, host in rules:
                 await self.host(["policy", action, "network", "--sandbox", name, host], "policy")
             if signal is not None:

@@ -64,7 +64,18 @@ from ..sandbox import (
 )
 from ..shell import quote
 from ._posix import HandleEnv, Logger, StdlibLogger
-from ._remote import ShellFs, TextChannel, channel, check_port, collect, map_path, owner_id, script
+from ._remote import (
+    ProcessSet,
+    RemoteProcess,
+    ShellFs,
+    TextChannel,
+    channel,
+    check_port,
+    exec_result,
+    map_path,
+    owner_id,
+    script,
+)
 
 NAME = "upstash-box"
 API_KEY_ENV = "UPSTASH_BOX_API_KEY"
@@ -78,7 +89,6 @@ LABEL_OWNER = "boxwright-owner-"
 LABEL_RUN = "boxwright-run-"
 LABEL_SANDBOX = "boxwright-sandbox-"
 LABEL_NONCE = "boxwright-nonce-"
-_KILL_CONFIRM = 10.0
 _SIGNAL_NAMES = {signals.SIGTERM: "TERM", signals.SIGKILL: "KILL", signals.SIGINT: "INT", signals.SIGHUP: "HUP"}
 
 
@@ -151,7 +161,7 @@ class _Decoded:
         self.channel.close()
 
 
-class UpstashProcess:
+class UpstashProcess(RemoteProcess):
     """``SpawnHandle`` over one exec session; a kill is a server-side signal to the process tree."""
 
     def __init__(self, handle: UpstashBoxHandle, session: Any, out: _Decoded, err: _Decoded) -> None:
@@ -162,13 +172,7 @@ class UpstashProcess:
         self.stdout = out.channel
         self.stderr = err.channel
         self.stdin = _Stdin(self)
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Future[int] = asyncio.ensure_future(self._await_exit())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(self._await_exit())
 
     async def _await_exit(self) -> int:
         try:
@@ -184,17 +188,6 @@ class UpstashProcess:
             raise SandboxNotFoundError(NAME, self._handle.id, "ended the exec session before the command exited")
         return code
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self, sig: int | None = None) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill(sig))
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon(sig))
-
     async def _do_kill(self, sig: int | None) -> None:
         if self.exited:
             return
@@ -204,16 +197,15 @@ class UpstashProcess:
         except Exception as exc:
             if not self.exited:
                 self._handle.warn("could not send the kill", {"pid": self.pid, "error": repr(exc)})
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
+        await self.confirm_exit()
         if not self.exited:
             self._handle.warn("no exit was confirmed after the kill; the command may still run", {"pid": self.pid})
 
 
-class UpstashProcesses:
+class UpstashProcesses(ProcessSet[UpstashProcess]):
     def __init__(self, handle: UpstashBoxHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[UpstashProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> UpstashProcess:
         opts = opts or ProcessOptions()
@@ -222,12 +214,7 @@ class UpstashProcesses:
         handle = self._handle
         env = {**handle.env.get(), **(opts.env or {})}
         process = await handle.session(command, env, map_path(opts.cwd or "", handle.workdir))
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-            remove = opts.signal.add_listener(lambda _reason: _discard(process.kill_soon()))
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(process, opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
         opts = opts or ProcessOptions()
@@ -235,19 +222,7 @@ class UpstashProcesses:
             opts.signal.throw_if_aborted()
         # A session, not the HTTP exec: env travels in its start frame, and a cancel or abort can kill it
         # (an HTTP exec cannot be stopped once sent). The HTTP exec serves the fs helpers.
-        process = await self.spawn(command, opts)
-        try:
-            await process.stdin.end()
-            out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
+        return await exec_result(await self.spawn(command, opts), end_stdin=True)
 
 
 class UpstashPorts:
@@ -531,10 +506,6 @@ class UpstashBoxProvider:
             api_key=opts["api_key"], base_url=opts.get("base_url"), label=LABEL_OWNER + owner_id()
         )
         return [str(r.id) for r in rows if wanted <= set(r.labels or ()) and r.status != "deleted"]
-
-
-def _discard(_task: asyncio.Task[None]) -> None:
-    """The kill runs on its own (``kill_soon`` keeps the task); a listener returns nothing."""
 
 
 def upstash_box_sandbox(
