@@ -14,6 +14,7 @@ CLOUD = (
     ("upstash-box", "upstash_box", "upstash-box", ("UPSTASH_BOX_API_KEY",), ("UPSTASH_BOX_BASE_URL",)),
     # Blaxel: without a key the SDK's `bl login` would do, but doctor only vouches for what it can see.
     ("blaxel", "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), ("BL_REGION",)),
+    ("sprites", "sprites", "sprites", ("SPRITES_API_KEY",), ("SPRITES_API_URL",)),
     ("boxd", "boxd", "boxd", ("BOXD_API_KEY|BOXD_TOKEN", "BOXD_ORG"), ("BOXD_BASE_URL",)),
     # Cloudflare: a Worker of ours (deploy/cloudflare/) fronts the Durable Object; the client is httpx (core).
     ("cloudflare", "httpx", "cloudflare", ("BOXWRIGHT_CLOUDFLARE_URL", "BOXWRIGHT_CLOUDFLARE_TOKEN"), ()),

@@ -223,6 +223,32 @@ def _boxd_live(logger: RecordingLogger) -> Any:
     return boxd_sandbox(vcpu=1, auto_destroy_timeout=3600, logger=logger, labels={"boxwright.test": "1"})
 
 
+# -- Sprites --------------------------------------------------------------------------------------
+
+
+def sprites_fake() -> Any:
+    from tests.support.fake_cloud.sprites import FakeSprites
+
+    return running_fake("sprites", lambda: FakeSprites(BASE_IMAGE))
+
+
+def sprites_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """A ``sprites_sandbox`` pointed at the running fake (extra options as for ``sprites_sandbox``)."""
+    from boxwright.providers.sprites import sprites_sandbox
+
+    fake = sprites_fake()
+    extra.setdefault("api_key", fake.token)
+    return sprites_sandbox(
+        api_url=fake.api_url, logger=logger or RecordingLogger(), labels={"boxwright.test": "1"}, **extra
+    )
+
+
+def _sprites_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.sprites import sprites_sandbox
+
+    return sprites_sandbox(logger=logger, labels={"boxwright.test": "1"})
+
+
 # -- Docker Sandboxes (sbx) -----------------------------------------------------------------------
 
 
@@ -347,6 +373,14 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         ("RAILWAY_API_TOKEN|RAILWAY_TOKEN", "RAILWAY_ENVIRONMENT_ID"),
         railway_fake_provider,
         _railway_live,
+    ),
+    "sprites": CloudEntry(
+        "sprites",
+        "sprites",
+        ("SPRITES_API_KEY",),
+        sprites_fake_provider,
+        _sprites_live,
+        follow_unsupported="Sprites' kill is claimed but not verified against a real Sprite (seed: ship false)",
     ),
     "upstash-box": CloudEntry(
         "upstash-box", "upstash_box", ("UPSTASH_BOX_API_KEY",), upstash_box_fake_provider, _upstash_box_live
