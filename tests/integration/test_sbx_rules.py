@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from boxwright.errors import ProviderUnavailableError, UnsupportedCapabilityError
+from boxwright.abort import AbortController
+from boxwright.errors import AbortError, ProviderUnavailableError, SandboxCommandError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from boxwright.workspace import Workspace, git_source
 from tests.support.cloud_providers import fake_problem, sbx_fake, sbx_fake_provider
@@ -188,5 +189,47 @@ def test_ports_are_published_to_localhost() -> None:
             assert got.status_code == 200 and got.text == "hello from sbx", got.text
         finally:
             await handle.destroy()
+
+    run(body)
+
+
+def test_a_failed_cancelled_or_aborted_create_removes_the_vm_it_made() -> None:
+    fake = sbx_fake()
+    provider = sbx_fake_provider()
+
+    async def body() -> None:
+        try:
+            # S4: `sbx create` made the VM, then failed: the VM is removed, the error is the create's.
+            fake.create_fails_after_making = True
+            with pytest.raises(SandboxCommandError) as caught:
+                await provider.create(CreateInput(id="bw-failed-create"))
+            assert "timed out" in str(caught.value), caught.value
+            assert "bw-failed-create" not in fake.vms, "a failed create left its VM"
+            fake.create_fails_after_making = False
+            # A name in use is another's sandbox: the failed create leaves it alone.
+            other = await provider.create(CreateInput(id="bw-taken"))
+            try:
+                with pytest.raises(SandboxCommandError):
+                    await provider.create(CreateInput(id="bw-taken"))
+                assert "bw-taken" in fake.vms, "a create that found the name in use removed the sandbox"
+            finally:
+                await other.destroy()
+            # Cancelled while the CLI creates: the CLI child keeps going, so create waits for it, then removes.
+            fake.create_delay = 1.5
+            task = asyncio.ensure_future(provider.create(CreateInput(id="bw-cancelled-create")))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert "bw-cancelled-create" not in fake.vms, "a cancelled create left its VM"
+            # Aborted while the CLI creates: the same clean-up, and an AbortError.
+            controller = AbortController()
+            asyncio.get_running_loop().call_later(0.5, controller.abort, "user cancelled")
+            with pytest.raises(AbortError):
+                await provider.create(CreateInput(id="bw-aborted-create", signal=controller.signal))
+            assert "bw-aborted-create" not in fake.vms, "an aborted create left its VM"
+        finally:
+            fake.create_fails_after_making = False
+            fake.create_delay = 0.0
 
     run(body)

@@ -15,6 +15,7 @@ reference gives no schema), and the provider parses them leniently:
   sandbox_port, protocol}]}``; ``policy ls --json`` -> ``{"policies": [...]}``, ``policy init
   deny-all`` ("already initialized"), ``policy allow|deny network --sandbox N <host>``.
 - Not signed in (``logged_in = False``): host commands (not ``exec``) fail with login text.
+- ``create_fails_after_making`` / ``create_delay``: a create whose VM exists but that fails or answers late.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class FakeSbxDaemon:
         self.vms: dict[str, Vm] = {}
         self.policies: list[dict[str, str]] = []
         self.logged_in = True
+        # A create that made its VM and then fails (the VM's boot timed out) or takes this long to answer:
+        # the VM is there either way, as with sbx's daemon, which a dropped or killed CLI does not stop.
+        self.create_fails_after_making = False
+        self.create_delay = 0.0
         self.invocations: list[list[str]] = []  # every argv the CLI was run with (host side)
         self._gone: list[Machine] = []
         self.server = ServerThread(Starlette(routes=[Route("/run", self.run, methods=["POST"])]))
@@ -179,6 +184,10 @@ class FakeSbxDaemon:
         self.vms[name] = vm
         for port in publish:
             await self._publish(vm, port)
+        if self.create_delay:
+            await asyncio.sleep(self.create_delay)
+        if self.create_fails_after_making:
+            return 1, b"", f"Error: timed out waiting for sandbox {name!r} to start\n".encode()
         return 0, b"", b""
 
     async def _publish(self, vm: Vm, port: int) -> int:
