@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from boxwright.errors import ProviderUnavailableError, UnsupportedCapabilityError
+from boxwright.abort import AbortController
+from boxwright.errors import AbortError, ProviderUnavailableError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from boxwright.testkit import RecordingLogger
 from tests.support.cloud_providers import cloudflare_fake, cloudflare_fake_provider, fake_problem
@@ -126,3 +127,32 @@ def test_kill_cannot_reach_the_process_and_says_so_once_and_stdin_raises() -> No
     run(body)
     warned = [m for m, _ in logger.warnings if "cannot reach" in m]
     assert len(warned) == 1, logger.warnings
+
+
+def test_abort_or_cancel_during_create_destroys_the_sandbox_it_made() -> None:
+    fake = cloudflare_fake()
+    provider = cloudflare_fake_provider()
+
+    async def body() -> None:
+        fake.mkdir_delay = 1.5
+        try:
+            controller = AbortController()
+            asyncio.get_running_loop().call_later(0.5, controller.abort, "user cancelled")
+            with pytest.raises(AbortError):
+                await provider.create(CreateInput(id="bw-cf-aborted", env={"K": "v"}, signal=controller.signal))
+            task = asyncio.ensure_future(provider.create(CreateInput(id="bw-cf-cancelled", env={"K": "v"})))
+            for _ in range(300):  # cancel once the Durable Object exists (its container start is slow under load)
+                if "bw-cf-cancelled" in fake.boxes:
+                    break
+                await asyncio.sleep(0.1)
+            assert "bw-cf-cancelled" in fake.boxes and not task.done(), "the Durable Object was not made"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            fake.mkdir_delay = 0.0
+        # create returns (raises) only after its clean-up: nothing to wait for.
+        left = {"bw-cf-aborted", "bw-cf-cancelled"} & set(fake.boxes)
+        assert left == set(), f"an aborted or cancelled create left {left}"
+
+    run(body)

@@ -13,6 +13,7 @@ Object does (``getSandbox(env.Sandbox, id)``). Commands run as the container's `
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class FakeCloudflareWorker:
         self.token = token
         self.boxes: dict[str, Box] = {}
         self.bodies: list[str] = []
+        self.mkdir_delay = 0.0  # a slow container start: the Durable Object exists, create is still running
         self._gone: list[Machine] = []
         prefix = "/v1/sandboxes/{id}"
         self.server = ServerThread(
@@ -149,6 +151,8 @@ class FakeCloudflareWorker:
         box = await self._box(request)
         if isinstance(box, Response):
             return box
+        if self.mkdir_delay:
+            await asyncio.sleep(self.mkdir_delay)
         code, _, err = await box.machine.run(["mkdir", "-p", str((await request.json())["path"])], user="root")
         if code != 0:
             return JSONResponse({"error": err.decode(errors="replace")}, status_code=500)
