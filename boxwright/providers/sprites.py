@@ -90,7 +90,9 @@ DEFAULT_API_URL = "https://api.sprites.dev"
 DEFAULT_WORKDIR = "/home/sprite/workspace"
 DEFAULT_HTTP_PORT = 8080
 INSTALL_HELP = "pip install 'boxwright[sprites]'"
-KEY_HELP = f"set {API_KEY_ENV} (org/projectNumber/tokenId/secret, from sprites.dev) or pass sprites_sandbox(api_key=...)"
+KEY_HELP = (
+    f"set {API_KEY_ENV} (org/projectNumber/tokenId/secret, from sprites.dev) or pass sprites_sandbox(api_key=...)"
+)
 _KILL_CONFIRM = 10.0
 _RESTORE_WAIT = 600.0
 

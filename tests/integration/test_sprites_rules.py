@@ -1,4 +1,4 @@
-"""Sprites' seed rules, one test each, on the real ``sprites-py`` SDK against the fake (tests/support/fake_cloud/sprites.py).
+"""Sprites' seed rules, one test each, on the real ``sprites-py`` SDK against its fake (fake_cloud/sprites.py).
 
 Secrets reach neither a command string, a request URL or body, nor a checkpoint; a destroyed
 and a never-made Sprite resume as None while an auth failure raises; network deny is refused;
@@ -57,7 +57,9 @@ def test_secrets_never_reach_a_command_a_url_a_body_or_a_checkpoint() -> None:
             await handle.fs.write("/workspace/big.bin", b"x" * 200_000)  # contents over stdin, not the URL
             assert len(await handle.fs.read_bytes("/workspace/big.bin")) == 200_000
             await handle.snapshot("after-secrets")
-            swept = await handle.process.exec('grep -rlF -e "$BW_SECRET" /var/lib/fake-sprite-checkpoints; echo "rc=$?"')
+            swept = await handle.process.exec(
+                'grep -rlF -e "$BW_SECRET" /var/lib/fake-sprite-checkpoints; echo "rc=$?"'
+            )
             assert swept.stdout.strip() == "rc=1", swept  # grep found nothing in the checkpoint
         finally:
             await handle.destroy()

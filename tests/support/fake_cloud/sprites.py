@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,7 +218,11 @@ class FakeSprites:
         if code != 0:
             return _ndjson({"type": "error", "error": err.decode(errors="replace")})
         sprite.checkpoints.append(
-            {"id": cid, "create_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "comment": body.get("comment")}
+            {
+                "id": cid,
+                "create_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "comment": body.get("comment"),
+            }
         )
         return _ndjson({"type": "info", "data": "Creating checkpoint..."}, {"type": "complete", "data": cid})
 
@@ -235,9 +238,7 @@ class FakeSprites:
         if not any(c["id"] == cid for c in sprite.checkpoints):
             return JSONResponse({"error": "checkpoint not found"}, status_code=404)
         # The environment restarts: every process of the sprite's user goes, the overlay is put back.
-        reset = (
-            f"pkill -KILL -u {USER}; rm -rf {HOME} && cp -a {_CHECKPOINTS}/{cid} {HOME} && chown -R {USER} {HOME}"
-        )
+        reset = f"pkill -KILL -u {USER}; rm -rf {HOME} && cp -a {_CHECKPOINTS}/{cid} {HOME} && chown -R {USER} {HOME}"
         code, _, err = await sprite.machine.run(["sh", "-c", reset], user="root", record=False)
         if code != 0:
             return _ndjson({"type": "error", "error": err.decode(errors="replace")})
