@@ -590,6 +590,12 @@ def cmd_reap(args: argparse.Namespace) -> int:
     from .docker_reap import sweep_docker
     from .errors import ProviderUnavailableError
 
+    cloud = [name for name in args.provider or () if name != "docker"]
+    if cloud:
+        if "docker" in (args.provider or ()):
+            _usage_error("reap docker and the cloud providers in two calls (their results differ)")
+        return _reap_cloud(cloud, args)
+
     try:
         found = asyncio.run(sweep_docker(dry_run=not args.yes, label=args.label))
     except ProviderUnavailableError as exc:
@@ -608,6 +614,35 @@ def cmd_reap(args: argparse.Namespace) -> int:
         if not found.containers and not found.images:
             print("no boxwright container or image to reap")
     return 1 if any(c.error for c in found.containers) or any(i.error for i in found.images) else 0
+
+
+def _reap_cloud(names: Sequence[str], args: argparse.Namespace) -> int:
+    """Expired cloud sandboxes of this host: destroyed with --yes; live, unleased and foreign ones stay."""
+    import asyncio
+
+    from .cloud_reap import provider_named, reap_cloud
+
+    try:
+        providers = {name: provider_named(name) for name in dict.fromkeys(names)}
+    except ValueError as exc:
+        _usage_error(str(exc))
+    labels = None
+    if args.label:
+        key, _, value = args.label.partition("=")
+        labels = {key: value}
+    found = asyncio.run(reap_cloud(providers, dry_run=not args.yes, labels=labels))
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode(found) + b"\n")
+    else:
+        verb = "destroyed" if args.yes else "would destroy (pass --yes)"
+        for s in found.sandboxes:
+            state = f"error: {s.error}" if s.error else verb if s.reason == "expired" else "kept"
+            print(f"{s.provider} sandbox {s.id}  {s.reason:8s}  {state}")
+        for name, why in found.errors.items():
+            print(f"{name}: cannot reap: {why}", file=sys.stderr)
+        if not found.sandboxes and not found.errors:
+            print(f"no boxwright sandbox of this host on {', '.join(providers)}")
+    return 1 if found.errors or any(s.error for s in found.sandboxes) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -662,14 +697,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.add_argument("--json", action="store_true", help="print the result as JSON")
     gc.set_defaults(func=cmd_gc)
     runner = sub.add_parser(
-        "runner", help="the in-container runner (co-located mode; token in $BOXWRIGHT_RUNNER_TOKEN)"
+        "runner", help="the in-container runner (co-located mode; its token: the first line of stdin)"
     )
     runner.add_argument("runner_args", nargs=argparse.REMAINDER, help="--host H --port P")
     runner.set_defaults(func=lambda a: __import__("boxwright.runner.__main__", fromlist=["main"]).main(a.runner_args))
-    reap = sub.add_parser("reap", help="remove boxwright's leaked Docker containers and images (dry run by default)")
+    reap = sub.add_parser(
+        "reap", help="remove boxwright's leaked Docker containers and images, or cloud sandboxes (dry run by default)"
+    )
     reap.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
     reap.add_argument("--json", action="store_true", help="print the result as JSON")
     reap.add_argument("--label", help="only what also carries this label (KEY or KEY=VALUE), e.g. one deployment's")
+    reap.add_argument(
+        "--provider",
+        action="append",
+        metavar="NAME",
+        help="a cloud provider whose expired sandboxes to destroy (repeatable; configured from its env, as doctor "
+        "lists it: e2b, daytona, railway, upstash-box, blaxel, boxd, ...); default: docker",
+    )
     reap.set_defaults(func=cmd_reap)
     _add_serve(sub)
     args = parser.parse_args(argv)

@@ -1,12 +1,12 @@
 """Co-located mode, host side: the runner in the container drives the harness; only tool execution crosses back.
 
-``colocated_drive`` starts ``python -m boxwright.runner`` in the sandbox (its bearer token and
-the harness's credentials in that exec's env only), waits for ``/health`` (a Docker container on its
-own address, any other provider through its port API: ``runner_endpoint``), serves this run's
-host tools on a tool-exec endpoint the container reaches, POSTs the run and yields the
-runner's AG-UI events as they arrive. The endpoint is a ``ToolExecHost``'s grant when one is
-given (the coordinator's ``/tool-exec`` on its public callback origin), else a listener of
-this drive's own (``host.docker.internal``). ``run_agent(mode="colocated")``
+``colocated_drive`` starts ``python -m boxwright.runner`` in the sandbox (its bearer token on its
+stdin, ``runner.launch``; the harness's credentials in that exec's env only), waits for
+``/health`` (a Docker container on its own address, any other provider through its port API:
+``runner_endpoint``), serves this run's host tools on a tool-exec endpoint the container reaches,
+POSTs the run and yields the runner's AG-UI events as they arrive. The endpoint is a
+``ToolExecHost``'s grant when one is given (the coordinator's ``/tool-exec`` on its public
+callback origin), else a listener of this drive's own (``host.docker.internal``). ``run_agent(mode="colocated")``
 calls it in place of the host-driven drive, so the events land in the same durable log.
 
 A durable run outlives its host: the runner's run is a task of the runner, not of the host's
@@ -20,12 +20,11 @@ host that reads the end shuts the runner down (``POST /shutdown``).
 
 The runner token is derived, never stored: ``runner_token(secret, sandbox id)`` is an HMAC-SHA256
 of the sandbox (container) id under a secret every host entitled to the run shares
-(``runner_secret=`` or ``$BOXWRIGHT_RUNNER_SECRET``). Why not read it back from the container's
-env through the Docker API: the token is set in the runner's exec env, never in the container's
-config (which ``docker inspect`` and every committed snapshot would show), so getting it back means
-exec'ing into the box to read ``/proc/<pid>/environ`` of a process the box itself may have
-replaced, on Docker only. The HMAC needs nothing from the sandbox but its id, which the run
-record's sandbox key already leads to; it works for any provider with an address; and it differs
+(``runner_secret=`` or ``$BOXWRIGHT_RUNNER_SECRET``). Why not read it back from the box: the token
+is handed to the runner on its stdin, never in any env or config (which ``docker inspect``, every
+committed snapshot and the agent's ``/proc`` would show), and the runner is non-dumpable, so
+nothing outside its memory holds it. The HMAC needs nothing from the sandbox but its id, which the
+run record's sandbox key already leads to; it works for any provider with an address; and it differs
 per container, so a box that learns its own token learns no other's. A run that is not durable
 needs no successor and gets a random token when no secret is configured.
 """
@@ -50,9 +49,10 @@ from .errors import UnsupportedCapabilityError
 from .events import Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, decode_event
 from .harnesses.base import Message
 from .journal import Finished, Producing, RunExitProbe, Unknown
-from .runner.protocol import RUNNER_TOKEN_ENV, ContainerRunRequest, RunnerWorkspace
+from .runner.launch import spawn_runner
+from .runner.protocol import ContainerRunRequest, RunnerWorkspace
 from .runner.tool_exec import DEFAULT_HOLD
-from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
+from .sandbox import SandboxHandle, SpawnHandle
 from .scrub import EventScrubber
 from .secrets import mint_token
 from .tool_bridge.asgi import bind_address_for, host_for_sandbox, serve_asgi
@@ -294,15 +294,19 @@ async def colocated_drive(
                     # From byte 0: the takeover's alignment drops what the durable log already holds.
                     stream = client.stream("GET", f"{run_path}/events?offset=0", headers=headers)
                 else:
-                    runner = await handle.process.spawn(
-                        # Its output goes to a file in the box, not back over this exec: the runner must
-                        # not depend on (or block on) a host that may die mid-run.
-                        # The runner image's venv by its path: a vendor's exec PATH may not lead there
-                        # (``python`` is then not boxwright's, or none at all).
-                        f'exec "$(command -v {RUNNER_PYTHON} || echo python)" -m boxwright.runner '
-                        f"--host {endpoint.bind} --port {RUNNER_PORT} "
-                        f">{RUNNER_LOG} 2>&1 </dev/null",
-                        ProcessOptions(env={**env, RUNNER_TOKEN_ENV: token}),
+                    # Its token on its stdin (or a file it unlinks), never in its env: the agent, same
+                    # user, reads that from /proc. Its output goes to a file in the box, not back over
+                    # this exec: the runner must not depend on (or block on) a host that may die mid-run.
+                    # The runner image's venv by its path: a vendor's exec PATH may not lead there
+                    # (``python`` is then not boxwright's, or none at all).
+                    runner = await spawn_runner(
+                        handle,
+                        token,
+                        host=endpoint.bind,
+                        port=RUNNER_PORT,
+                        env=env,
+                        log=RUNNER_LOG,
+                        python=RUNNER_PYTHON,
                     )
                     await _healthy(client, base, handle, vendor)
                     request = ContainerRunRequest(

@@ -33,7 +33,6 @@ from starlette.routing import Route
 from ..abort import AbortController
 from ..events import RunErrorEvent, RunFinishedEvent, encode_event
 from .protocol import (
-    RUNNER_TOKEN_ENV,
     ContainerRunRequest,
     RunnerRequestError,
     parse_container_run_request,
@@ -163,12 +162,15 @@ async def _tail(run: _Run, offset: int) -> AsyncIterator[bytes]:
 
 
 def create_runner_app(
-    token: str | None = None, directory: str | None = None, *, on_shutdown: Callable[[], None] | None = None
+    token: str, directory: str | None = None, *, on_shutdown: Callable[[], None] | None = None
 ) -> Starlette:
-    """The runner's app; ``on_shutdown`` is called by ``POST /shutdown`` (``__main__`` stops uvicorn with it)."""
-    token = token if token is not None else os.environ.get(RUNNER_TOKEN_ENV, "")
+    """The runner's app under bearer ``token``; ``on_shutdown`` is called by ``POST /shutdown``.
+
+    ``__main__`` reads the token from stdin (``hardening.read_token``), never from the env, and
+    stops uvicorn with ``on_shutdown``.
+    """
     if not token:
-        raise SystemExit(f"the runner needs its bearer token in ${RUNNER_TOKEN_ENV} (set by the host, never sent)")
+        raise ValueError("the runner needs a non-empty bearer token (the host writes it to the runner's stdin)")
     state = RunnerState(token, directory or tempfile.mkdtemp(prefix="boxwright-runner-"))
 
     async def health(request: Request) -> Response:

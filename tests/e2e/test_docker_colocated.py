@@ -18,7 +18,7 @@ from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.events import CustomEvent, Event, ToolCallResultEvent, ToolCallStartEvent, encode_event
 from boxwright.harnesses.claude_code import claude_code
 from boxwright.journal import Finished, Producing, Unknown
-from boxwright.sandbox import ProcessOptions
+from boxwright.runner.launch import spawn_runner
 from boxwright.stores.memory import MemoryInstanceStore
 from boxwright.workspace import define_workspace
 from tests.fixtures.fake_model import FakeModelServer, Sleep, Text, ToolCall
@@ -123,10 +123,7 @@ def test_runner_refuses_a_wrong_token_a_malformed_body_and_a_secret_value() -> N
         handle = await docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}).create()
         try:
             host = await handle.address()
-            runner = await handle.process.spawn(
-                f"exec python -m boxwright.runner --host {host} --port 8080",
-                ProcessOptions(env={"BOXWRIGHT_RUNNER_TOKEN": "right-token", "ANTHROPIC_API_KEY": "sk-x"}),
-            )
+            runner = await spawn_runner(handle, "right-token", host=host, port=8080, env={"ANTHROPIC_API_KEY": "sk-x"})
             base = f"http://{host}:8080"
             async with httpx.AsyncClient(timeout=10.0) as client:
                 for _ in range(80):
@@ -193,14 +190,11 @@ def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
             host = await handle.address()
             token = runner_token(SECRET, handle.id)
             env = {
-                "BOXWRIGHT_RUNNER_TOKEN": token,
                 "ANTHROPIC_API_KEY": "sk-test",
                 "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}",
                 "CLAUDE_CODE_MAX_RETRIES": "0",
             }
-            runner = await handle.process.spawn(
-                f"exec python -m boxwright.runner --host {host} --port 8080", ProcessOptions(env=env)
-            )
+            runner = await spawn_runner(handle, token, host=host, port=8080, env=env)
             base, auth = f"http://{host}:8080", {"Authorization": f"Bearer {token}"}
             body = {
                 "runId": "r-reread",

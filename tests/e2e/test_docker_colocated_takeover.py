@@ -35,7 +35,7 @@ from boxwright.events import (
     chunk_fingerprint,
 )
 from boxwright.harnesses.base import Message
-from boxwright.sandbox import ProcessOptions
+from boxwright.runner.launch import spawn_runner
 from boxwright.scrub import EventScrubber
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
 from tests.support.colocated_app import CASE_LABEL
@@ -227,10 +227,7 @@ def test_runner_attach_refuses_a_wrong_token_and_an_unknown_run(monkeypatch: pyt
             with pytest.raises(ColocatedRunError, match=r"needs a runner secret .* set \$BOXWRIGHT_RUNNER_SECRET"):
                 await drive(handle)
             token = runner_token(SECRET, handle.id)
-            runner = await handle.process.spawn(
-                f"exec python -m boxwright.runner --host {host} --port 8080",
-                ProcessOptions(env={"BOXWRIGHT_RUNNER_TOKEN": token}),
-            )
+            runner = await spawn_runner(handle, token, host=host, port=8080)
             base = f"http://{host}:8080"
             async with httpx.AsyncClient(timeout=10.0) as client:
                 for _ in range(80):
