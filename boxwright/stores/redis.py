@@ -21,9 +21,12 @@ Runs and event logs (``redis_run_backend(db)``)
 Locks
     ``SET key token NX PX ttl``; each acquisition also takes the next fencing token of the key
     (``INCR``), handed out as ``RedisLease.fencing_token``. The holder renews every ttl/3 with a
-    token-checked ``PEXPIRE`` from a task the block owns, and releases with a token-checked
-    ``DEL``. A renewal that finds another token (the holder stalled past the lease and another
-    process took the key over), or that fails, fires the ``LeaseSignal``, as ``SqliteLockStore``'s does.
+    token-checked ``PEXPIRE`` and releases with a token-checked ``DEL``. The renewal runs on the
+    store's renewer thread over a blocking connection of its own (``boxwright.stores.leases``),
+    so neither a busy event loop nor a command pool full of tailers' reads delays it. A renewal
+    that finds another token (the holder stalled past the lease and another process took the
+    key over), or that fails until the lease runs out, fires the ``LeaseSignal``, as
+    ``SqliteLockStore``'s does.
 
 Failures
     A server that is down or drops the connection raises ``StoreUnavailableError`` at once:
@@ -38,13 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
-import secrets
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
@@ -68,18 +70,20 @@ from boxwright.runs import (
     patch_changes,
     wait_event_or_abort,
 )
-from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, InstanceRecord, Lease, LeaseSignal
+from boxwright.stores.base import InstanceRecord, Lease
+from boxwright.stores.leases import LeasedLockStore
 
 try:
+    import redis as syncredis
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry as SyncRetry
 except ImportError as exc:  # pragma: no cover - only without the extra
     raise ImportError("the Redis stores need redis-py: pip install 'boxwright[redis]'") from exc
 
-T = TypeVar("T")
 
 log = logging.getLogger("boxwright.stores")
 
@@ -95,8 +99,8 @@ WATCH_BUFFER: Final = 4096
 # Commands share this many connections (a thousand tailers catching up at once queue for them);
 # each run's blocking watch has its own, from a second pool.
 COMMAND_CONNECTIONS: Final = 64
-POLL_START_S: Final = 0.010
-POLL_CAP_S: Final = 0.200
+# A lease renewal's bound: well inside the 1.5 s of the shortest lease in use, so a lost answer leaves time to retry.
+LEASE_SOCKET_TIMEOUT_S: Final = 0.4
 
 _Errors = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -138,8 +142,11 @@ class RedisDatabase:
         self.url = _redacted(url)
         self._client: aioredis.Redis | None = None
         self._blocking: aioredis.Redis | None = None
+        self._lease: syncredis.Redis | None = None
+        self._lease_guard = threading.Lock()
         self._closed = False
         self._scripts: dict[str, Any] = {}
+        self._lease_scripts: dict[str, Any] = {}
         self.watches: dict[str, _RunWatch] = {}
 
     def _connect(self, pool_class: type[aioredis.ConnectionPool], **options: Any) -> aioredis.Redis:
@@ -175,6 +182,31 @@ class RedisDatabase:
             self._blocking = self._connect(aioredis.ConnectionPool)
         return self._blocking
 
+    @property
+    def lease_client(self) -> syncredis.Redis:
+        """For lease renewals only, from the lock store's renewer thread: a blocking client with a connection of
+        its own, so a renewal neither queues behind the command pool nor waits for the event loop."""
+        with self._lease_guard:
+            if self._closed:
+                raise StoreClosedError(self.url)
+            if self._lease is None:
+                self._lease = syncredis.Redis.from_url(
+                    self._client_url,
+                    socket_connect_timeout=LEASE_SOCKET_TIMEOUT_S,
+                    socket_timeout=LEASE_SOCKET_TIMEOUT_S,
+                    # Not retried here: the renewer retries itself, for as long as the lease runs.
+                    retry=SyncRetry(NoBackoff(), 0),
+                    health_check_interval=0,
+                )
+            return self._lease
+
+    def lease_script(self, source: str) -> Any:
+        """``script`` for ``lease_client``."""
+        found = self._lease_scripts.get(source)
+        if found is None:
+            found = self._lease_scripts[source] = self.lease_client.register_script(source)
+        return found
+
     def key(self, kind: str, name: str = "") -> str:
         return f"{self.prefix}{kind}:{name}"
 
@@ -201,6 +233,11 @@ class RedisDatabase:
         for client in clients:
             if client is not None:
                 await client.aclose(close_connection_pool=True)
+        with self._lease_guard:
+            lease, self._lease = self._lease, None
+            self._lease_scripts.clear()
+        if lease is not None:
+            lease.close()
 
     @property
     def closed(self) -> bool:
@@ -299,117 +336,35 @@ class RedisLease(Lease):
         self.fencing_token = fencing_token
 
 
-class _Wakeup:
-    __slots__ = ("event", "waiters")
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-        self.waiters = 0
-
-
-class RedisLockStore:
-    durable = True
+class RedisLockStore(LeasedLockStore):
+    """Leases as token-valued keys ``<prefix>lock:<key>`` with fencing counters ``<prefix>fence:<key>``;
+    acquired and released over the command pool, renewed from ``LeasedLockStore``'s thread over
+    ``RedisDatabase.lease_client``."""
 
     def __init__(self, db: RedisDatabase) -> None:
+        super().__init__(db.url)
         self._db = db
-        # Waiters in this process are woken by a local release instead of sleeping out their backoff.
-        self._wakeups: dict[str, _Wakeup] = {}
 
-    async def with_lock(
-        self, key: str, fn: Callable[[LeaseSignal], Awaitable[T]], *, ttl_ms: int = DEFAULT_LEASE_TTL_MS
-    ) -> T:
-        async with self.lock(key, ttl_ms=ttl_ms) as lease:
-            return await fn(lease)
+    def _new_lease(self, key: str, fencing_token: int) -> Lease:
+        return RedisLease(key, fencing_token)
 
-    @contextlib.asynccontextmanager
-    async def lock(self, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AsyncIterator[LeaseSignal]:
-        """Hold ``key`` for the block, renewed every ttl/3 by a task the block owns (cancelled and awaited on
-        exit); the lease (a ``RedisLease``) reports its loss and carries the key's fencing token."""
-        if ttl_ms <= 0:
-            raise ValueError(f"ttl_ms must be positive, got {ttl_ms}")
-        token = secrets.token_hex(16)
-        fencing = await self._acquire(key, token, ttl_ms)
-        lease = RedisLease(key, fencing)
-        renewer = asyncio.create_task(self._renew(key, token, ttl_ms, lease), name=f"boxwright lease renewal {key}")
+    async def _take(self, key: str, token: str, ttl_ms: int) -> int:
+        script = self._db.script(_ACQUIRE_LUA)
+        keys = [self._db.key("lock", key), self._db.key("fence", key)]
+        return int(await self._db.run("lock", script(keys=keys, args=[token, ttl_ms])))
+
+    def _extend(self, key: str, token: str, ttl_ms: int, loop: asyncio.AbstractEventLoop) -> bool:
         try:
-            yield lease
-        finally:
-            renewer.cancel()
-            # Shielded so a cancelled holder still frees the key instead of leaving it to expire.
-            await asyncio.shield(self._release(key, token))
-            await asyncio.wait([renewer])
-
-    async def _acquire(self, key: str, token: str, ttl_ms: int) -> int:
-        delay = POLL_START_S
-        while True:
-            fencing = await self._try_take(key, token, ttl_ms)
-            if fencing:
-                return fencing
-            await self._pause(key, delay)
-            delay = min(delay * 2, POLL_CAP_S)
-
-    async def _try_take(self, key: str, token: str, ttl_ms: int) -> int:
-        attempt = asyncio.ensure_future(
-            self._db.run(
-                "lock",
-                self._db.script(_ACQUIRE_LUA)(
-                    keys=[self._db.key("lock", key), self._db.key("fence", key)], args=[token, ttl_ms]
-                ),
-            )
-        )
-        try:
-            return int(await asyncio.shield(attempt))
-        except asyncio.CancelledError:
-            # The SET may still land after we stop waiting; a lease nobody holds would block the key for a ttl.
-            with contextlib.suppress(Exception):
-                if await attempt:
-                    await self._delete(key, token)
-            raise
-
-    async def _pause(self, key: str, delay: float) -> None:
-        wakeup = self._wakeups.get(key)
-        if wakeup is None:
-            wakeup = self._wakeups[key] = _Wakeup()
-        wakeup.waiters += 1
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await wakeup.event.wait()
-        finally:
-            wakeup.waiters -= 1
-            if wakeup.waiters == 0 and self._wakeups.get(key) is wakeup:
-                del self._wakeups[key]
-
-    async def _renew(self, key: str, token: str, ttl_ms: int, lease: Lease) -> None:
-        interval = ttl_ms / 3 / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                held = await self._db.run(
-                    "renew lock", self._db.script(_RENEW_LUA)(keys=[self._db.key("lock", key)], args=[token, ttl_ms])
-                )
-            except Exception as exc:
-                # Without a renewal nobody can vouch for the lease any more; the holder must assume it gone.
-                lease.mark_lost(f"renewal failed: {exc}")
-                return
-            if not held:
-                lease.mark_lost("the lease expired and another holder took the key over")
-                return
+            held = self._db.lease_script(_RENEW_LUA)(keys=[self._db.key("lock", key)], args=[token, ttl_ms])
+        except _Errors as exc:
+            raise StoreUnavailableError(self._db.url, "renew lock", f"{type(exc).__name__}: {exc}") from exc
+        return bool(held)
 
     async def _delete(self, key: str, token: str) -> None:
         # Token-checked: a holder whose lease expired must not free the key its successor now holds.
         await self._db.run(
             "release lock", self._db.script(_RELEASE_LUA)(keys=[self._db.key("lock", key)], args=[token])
         )
-
-    async def _release(self, key: str, token: str) -> None:
-        try:
-            await self._delete(key, token)
-        except Exception as exc:
-            log.warning("could not release lock %r (%s); it frees itself when its lease expires", key, exc)
-        wakeup = self._wakeups.pop(key, None)
-        if wakeup is not None:
-            wakeup.event.set()
 
 
 # -- run records ----------------------------------------------------------------------------------

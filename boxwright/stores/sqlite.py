@@ -6,8 +6,9 @@ it, so one coroutine's transaction never swallows another's statements.
 
 The lock is a lease row ``(key, token, expires_at)`` and so holds across processes:
 a holder takes the row when it is absent or expired (``BEGIN IMMEDIATE``), renews it
-every ttl/3 from a task it owns, and deletes it only while the row still carries its
-own token. A holder whose renewal finds the row gone or taken (it stalled past the
+every ttl/3 from the store's renewer thread (``boxwright.stores.leases``, a connection of
+its own, so a busy event loop cannot delay it), and deletes it only while the row still
+carries its own token. A holder whose renewal finds the row gone or taken (it stalled past the
 lease and another process took the key over), or whose renewal fails, sees its
 ``LeaseSignal`` fire. Times are wall-clock epoch milliseconds, which every process on
 one machine shares.
@@ -22,14 +23,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import sqlite3
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import aiosqlite
 import msgspec
@@ -54,9 +54,8 @@ from boxwright.runs import (
     patch_changes,
     wait_event_or_abort,
 )
-from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, InstanceRecord, Lease, LeaseSignal
-
-T = TypeVar("T")
+from boxwright.stores.base import InstanceRecord
+from boxwright.stores.leases import LeasedLockStore
 
 log = logging.getLogger("boxwright.stores")
 
@@ -298,66 +297,18 @@ CREATE TABLE IF NOT EXISTS lock_leases (
 """
 
 
-class _Wakeup:
-    __slots__ = ("event", "waiters")
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-        self.waiters = 0
-
-
-class SqliteLockStore:
-    durable = True
+class SqliteLockStore(LeasedLockStore):
+    """Lease rows in ``lock_leases``, taken and released over the database's connection, renewed from
+    ``LeasedLockStore``'s thread over a short-lived connection of its own (see ``_extend``)."""
 
     def __init__(self, db: SqliteDatabase) -> None:
+        super().__init__(db.path)
         self._db = db
-        # Waiters in this process are woken by a local release instead of sleeping out their backoff.
-        self._wakeups: dict[str, _Wakeup] = {}
 
-    async def with_lock(
-        self, key: str, fn: Callable[[LeaseSignal], Awaitable[T]], *, ttl_ms: int = DEFAULT_LEASE_TTL_MS
-    ) -> T:
-        async with self.lock(key, ttl_ms=ttl_ms) as lease:
-            return await fn(lease)
-
-    @contextlib.asynccontextmanager
-    async def lock(self, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AsyncIterator[LeaseSignal]:
-        """Hold ``key`` for the block, renewed every ttl/3 by a task the block owns (cancelled and awaited on
-        exit); the lease reports its loss (``lease.lost``, ``await lease.wait()``)."""
-        if ttl_ms <= 0:
-            raise ValueError(f"ttl_ms must be positive, got {ttl_ms}")
+    async def _prepare(self) -> None:
         await self._db.ensure_schema(_LEASES_DDL)
-        token = secrets.token_hex(16)
-        await self._acquire(key, token, ttl_ms)
-        lease = Lease(key)
-        renewer = asyncio.create_task(self._renew(key, token, ttl_ms, lease), name=f"boxwright lease renewal {key}")
-        try:
-            yield lease
-        finally:
-            # A renewal racing the release is harmless: it only updates a row carrying our token.
-            renewer.cancel()
-            # Shielded so a cancelled holder still frees the key instead of leaving it to expire.
-            await asyncio.shield(self._release(key, token))
-            await asyncio.wait([renewer])
 
-    async def _acquire(self, key: str, token: str, ttl_ms: int) -> None:
-        delay = POLL_START_S
-        while not await self._try_take(key, token, ttl_ms):
-            await self._pause(key, delay)
-            delay = min(delay * 2, POLL_CAP_S)
-
-    async def _try_take(self, key: str, token: str, ttl_ms: int) -> bool:
-        attempt = asyncio.ensure_future(self._take(key, token, ttl_ms))
-        try:
-            return await asyncio.shield(attempt)
-        except asyncio.CancelledError:
-            # The insert may still commit after we stop waiting; a lease nobody holds would block the key for a ttl.
-            with contextlib.suppress(Exception):
-                if await attempt:
-                    await self._delete(key, token)
-            raise
-
-    async def _take(self, key: str, token: str, ttl_ms: int) -> bool:
+    async def _take(self, key: str, token: str, ttl_ms: int) -> int:
         async with self._db.transaction() as conn:
             now = _now_ms()
             cursor = await conn.execute(
@@ -368,55 +319,43 @@ class SqliteLockStore:
             )
             taken = cursor.rowcount == 1
             await cursor.close()
-        return taken
+        return 1 if taken else 0
 
-    async def _pause(self, key: str, delay: float) -> None:
-        wakeup = self._wakeups.get(key)
-        if wakeup is None:
-            wakeup = self._wakeups[key] = _Wakeup()
-        wakeup.waiters += 1
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await wakeup.event.wait()
-        finally:
-            wakeup.waiters -= 1
-            if wakeup.waiters == 0 and self._wakeups.get(key) is wakeup:
-                del self._wakeups[key]
-
-    async def _renew(self, key: str, token: str, ttl_ms: int, lease: Lease) -> None:
-        interval = ttl_ms / 3 / 1000
-        while True:
-            await asyncio.sleep(interval)
+    def _extend(self, key: str, token: str, ttl_ms: int, loop: asyncio.AbstractEventLoop) -> bool:
+        bound = ttl_ms / 3000
+        if self._db.closed:
+            raise StoreClosedError(self._db.path)
+        if self._db.path == ":memory:":
+            # Only the shared connection sees an in-memory database: the renewal goes through its loop.
+            future = asyncio.run_coroutine_threadsafe(self._extend_shared(key, token, ttl_ms), loop)
             try:
-                async with self._db.transaction() as conn:
-                    cursor = await conn.execute(
-                        "UPDATE lock_leases SET expires_at = ? WHERE key = ? AND token = ?",
-                        (_now_ms() + ttl_ms, key, token),
-                    )
-                    held = cursor.rowcount == 1
-                    await cursor.close()
-            except Exception as exc:
-                # Without a renewal nobody can vouch for the lease any more; the holder must assume it gone.
-                lease.mark_lost(f"renewal failed: {exc}")
-                return
-            if not held:
-                lease.mark_lost("the lease expired and another holder took the key over")
-                return
+                return future.result(timeout=bound)
+            except BaseException:
+                future.cancel()
+                raise
+        # A connection for this one statement: the shared one is serialised behind the loop's statements.
+        conn = sqlite3.connect(self._db.path, timeout=bound, isolation_level=None)
+        try:
+            cursor = conn.execute(
+                "UPDATE lock_leases SET expires_at = ? WHERE key = ? AND token = ?", (_now_ms() + ttl_ms, key, token)
+            )
+            return cursor.rowcount == 1
+        finally:
+            conn.close()
+
+    async def _extend_shared(self, key: str, token: str, ttl_ms: int) -> bool:
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                "UPDATE lock_leases SET expires_at = ? WHERE key = ? AND token = ?", (_now_ms() + ttl_ms, key, token)
+            )
+            held = cursor.rowcount == 1
+            await cursor.close()
+        return held
 
     async def _delete(self, key: str, token: str) -> None:
         async with self._db.transaction() as conn:
             # Token-checked: a holder whose lease expired must not free the key its successor now holds.
             await conn.execute("DELETE FROM lock_leases WHERE key = ? AND token = ?", (key, token))
-
-    async def _release(self, key: str, token: str) -> None:
-        try:
-            await self._delete(key, token)
-        except Exception as exc:
-            log.warning("could not release lock %r (%s); it frees itself when its lease expires", key, exc)
-        wakeup = self._wakeups.pop(key, None)
-        if wakeup is not None:
-            wakeup.event.set()
 
 
 # -- runs and event logs --------------------------------------------------------------------------
