@@ -100,8 +100,11 @@ def _provider(name: str, fake: Any) -> Any:
         return daytona_sandbox(api_key=fake.api_key, api_url=fake.api_url, labels={"boxwright.test": "1"})
     from boxwright.providers.railway import railway_sandbox
 
-    # Railway publishes a port as a domain at create only, and only on a PRIVATE network.
+    # Railway publishes a port as a domain at create only, and only on a PRIVATE network. Its commands run as
+    # root: the runner image's own /workspace belongs to its agent user, and git refuses a repository another
+    # user owns (dubious ownership), so the workspace is one root makes at boot.
     return railway_sandbox(
+        workdir="/root/workspace",
         token=fake.api_token,
         environment_id=fake.environment,
         endpoint=fake.endpoint,
