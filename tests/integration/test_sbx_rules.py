@@ -175,7 +175,11 @@ def test_ports_are_published_to_localhost() -> None:
     async def body() -> None:
         handle = await sbx_fake_provider().create()
         try:
+            # Path mapping (S4): `/workspace` is the cloned repo, the VM's `sbx exec N pwd`.
+            assert handle.workspace_root == sbx_fake().vms[handle.id].workspace, handle.workspace_root
             await handle.fs.write("/workspace/www/index.html", "hello from sbx")
+            mapped = await handle.process.exec(f"cat {handle.workspace_root}/www/index.html")
+            assert mapped.stdout == "hello from sbx", mapped
             await handle.process.spawn("cd www && exec python3 -m http.server 8080 --bind 0.0.0.0")
             probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))'"
             for _ in range(100):
