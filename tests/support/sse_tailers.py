@@ -53,6 +53,8 @@ class TailResult:
     failures: list[str] = field(default_factory=list)
     connect_s: float = 0.0
     deliver_s: float = 0.0
+    run_id: str = ""
+    thread_id: str = ""
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -153,7 +155,7 @@ async def tail_one_run(
         started = await http.post(f"{url}/runs", json=body)
         if started.status_code != 202:
             raise RuntimeError(f"trigger refused: {started.status_code} {started.text}")
-    result = TailResult(tailers=tailers, lines=lines, complete=0)
+    result = TailResult(tailers=tailers, lines=lines, complete=0, run_id=run, thread_id=thread)
     await asyncio.sleep(0.5)
     result.rss_before = rss_of(pid)
     path = f"/runs/{run}/events?threadId={thread}"
