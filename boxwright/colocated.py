@@ -66,7 +66,9 @@ if TYPE_CHECKING:
 RUNNER_PORT = 8080
 # The runner image's venv (deploy/runner/Dockerfile): its boxwright-python symlink does not find the venv.
 RUNNER_PYTHON = "/opt/boxwright/bin/python"
-HEALTH_PROBES = 20
+# How long the runner may take to answer /health: it imports boxwright in the box first, which on a loaded
+# machine (or behind a vendor's proxy, each probe a round trip through it) took 7 s where 20 probes gave 5-13 s.
+HEALTH_WAIT = 60.0
 HEALTH_EVERY = 0.25
 _DETAIL = 200
 RUNNER_SECRET_ENV = "BOXWRIGHT_RUNNER_SECRET"
@@ -144,7 +146,8 @@ async def runner_endpoint(handle: SandboxHandle) -> RunnerEndpoint:
 
 async def _healthy(client: httpx.AsyncClient, base: str, handle: SandboxHandle, headers: Mapping[str, str]) -> None:
     last = "no probe answered"
-    for _ in range(HEALTH_PROBES):
+    deadline = asyncio.get_running_loop().time() + HEALTH_WAIT
+    while asyncio.get_running_loop().time() < deadline:
         try:
             response = await client.get(f"{base}/health", headers=dict(headers), timeout=2.0)
             if response.status_code == 200:
