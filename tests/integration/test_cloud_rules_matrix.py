@@ -49,7 +49,8 @@ BUILD: dict[str, tuple[str, str, dict[str, Any]]] = {
     "daytona": ("boxwright.providers.daytona", "daytona_sandbox", {"api_key": "dtn_x"}),
     "railway": ("boxwright.providers.railway", "railway_sandbox", {"token": "x", "environment_id": "env"}),
     "upstash-box": ("boxwright.providers.upstash_box", "upstash_box_sandbox", {"api_key": "x"}),
-    "blaxel": ("boxwright.providers.blaxel", "blaxel_sandbox", {"api_key": "bl_fake_key", "workspace": "fake-ws"}),
+    # No credentials: Blaxel's auth is process-global, a provider with some would bind this process's SDK.
+    "blaxel": ("boxwright.providers.blaxel", "blaxel_sandbox", {}),
     "boxd": ("boxwright.providers.boxd", "boxd_sandbox", {"token": "x"}),
     "sbx": ("boxwright.providers.sbx", "sbx_sandbox", {"workspace_dir": "/nonexistent"}),
     "cloudflare": ("boxwright.providers.cloudflare", "cloudflare_sandbox", {"worker_url": "http://x", "token": "x"}),
@@ -84,7 +85,11 @@ def test_every_cloud_provider_of_the_registry_is_in_the_table() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SEED))
-def test_the_flags_are_the_seeds_and_the_journal_follows_only_where_kill_is_measured(name: str) -> None:
+def test_the_flags_are_the_seeds_and_the_journal_follows_only_where_kill_is_measured(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("BL_API_KEY", "BL_WORKSPACE"):  # nothing may bind Blaxel's process-global auth here
+        monkeypatch.delenv(var, raising=False)
     stdin, killable, why = SEED[name]
     caps = _provider(name).capabilities()
     assert caps.writable_stdin is stdin, f"{name}: writable_stdin must be {stdin} (seed)"
