@@ -132,7 +132,9 @@ class CoordinatorProcess:
         port: int | None = None,
         startup_s: float = 30.0,
         host: str = "127.0.0.1",
+        root: Path = ROOT,
     ) -> None:
+        # ``root``: the source tree the process runs from (a bench's baseline checkout; default this one).
         self.name = name
         self.tmp = tmp
         self.port = port or free_port()
@@ -154,7 +156,7 @@ class CoordinatorProcess:
             "BOXWRIGHT_ADMIN_TOKEN": ADMIN_TOKEN,
             **(env or {}),
         }
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr, env=full_env)
+        self.proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=self._stderr, env=full_env)
         deadline = time.monotonic() + startup_s
         while True:
             if self.proc.poll() is not None:
