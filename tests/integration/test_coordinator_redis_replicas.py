@@ -118,7 +118,10 @@ def test_a_replica_shut_down_mid_run_on_redis_releases_its_lease_and_another_ado
     assert _lock_keys(redis, replicas.prefix, run), "A drives the run without a lease in Redis"
     assert _record(b, run, thread)["driverEpoch"] == 1
     assert a.terminate(timeout=60) in (0, -signal.SIGTERM), a.stderr()
-    failures = lambda: f"A: {a.stderr()}\nB: {b.stderr()}"  # noqa: E731
+
+    def failures() -> str:
+        return f"A: {a.stderr()}\nB: {b.stderr()}"
+
     assert "detached: its log stays open" in a.stderr()
     # Released at shutdown: the lease had minutes to go, and B's sweep (every 0.5 s) adopts the run now.
     frames = sse_events(b.url, run, thread, timeout=120)
@@ -147,7 +150,10 @@ def test_an_idle_run_whose_replica_died_is_failed_by_the_survivors_watchdog(repl
     made = set(sandboxes.glob("*")) - before
     assert made, "the run's sandbox is not where the test looks"
     c.kill()
-    failures = lambda: f"C: {c.stderr()}\nB: {b.stderr()}"  # noqa: E731
+
+    def failures() -> str:
+        return f"C: {c.stderr()}\nB: {b.stderr()}"
+
     final = wait_for(
         "B's watchdog", lambda: (r := _record(b, run, thread))["status"] != "running" and r, 120, interval=0.25
     )
