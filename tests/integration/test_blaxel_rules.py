@@ -57,6 +57,11 @@ def test_secrets_travel_as_request_env_never_in_a_command_string_or_the_spec() -
                 'test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', ProcessOptions(env={"BW_CMD": SECRET + "-cmd"})
             )
             assert both.stdout == "ok\n", both
+            # spawn goes through the supervisor: its env rides the process request, not the command.
+            spawned = await handle.process.spawn(
+                'test -n "$BW_SECRET$BW_SET$BW_CMD"', ProcessOptions(env={"BW_CMD": SECRET + "-spawn"})
+            )
+            assert (await spawned.wait()) == 0
             record = fake.boxes[handle.id].record
             assert SECRET not in json.dumps(record), "a secret reached the sandbox record"
         finally:
@@ -231,7 +236,7 @@ def test_leaked_sandboxes_are_found_by_ownership_labels_across_pages() -> None:
         try:
             labels = fake.boxes[handles[0].id].record["metadata"]["labels"]
             assert labels["boxwright.managed"] == "1" and labels["boxwright.run"] == "run-owned-bl", labels
-            owned = await provider.list_owned({"boxwright.run": "run-owned-bl"})
+            owned = [o.id for o in await provider.list_owned({"boxwright.run": "run-owned-bl"})]
             assert sorted(owned) == sorted(h.id for h in handles), owned  # page size 2: three pages' worth
         finally:
             for handle in handles:

@@ -56,6 +56,11 @@ def test_secrets_travel_as_box_env_and_frame_env_never_in_a_command_string_or_a_
                 'test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', ProcessOptions(env={"BW_CMD": SECRET + "-cmd"})
             )
             assert both.stdout == "ok\n", both
+            # spawn is the exec-session WebSocket: its env rides the start frame, not the command.
+            spawned = await handle.process.spawn(
+                'test -n "$BW_SECRET$BW_SET$BW_CMD"', ProcessOptions(env={"BW_CMD": SECRET + "-spawn"})
+            )
+            assert (await spawned.wait()) == 0
             await handle.fs.write("/workspace/plain.txt", "no secret here")
             ref = await handle.snapshot("rule")
             restored = await provider.restore_snapshot(RestoreInput(snapshot_id=ref.id))
@@ -229,7 +234,7 @@ def test_leaked_boxes_are_found_by_their_ownership_labels() -> None:
     async def body() -> None:
         handles = [await provider.create(CreateInput(id=f"key{i}")) for i in range(2)]
         try:
-            owned = await provider.list_owned(("boxwright-run-run-owned-7",))
+            owned = [o.id for o in await provider.list_owned({"boxwright-run-": "run-owned-7"})]
             assert sorted(owned) == sorted(h.id for h in handles)
             labels = fake.boxes[handles[0].id].labels
             assert "boxwright-managed" in labels and "boxwright-sandbox-key0" in labels and "boxwright-test" in labels
@@ -237,6 +242,6 @@ def test_leaked_boxes_are_found_by_their_ownership_labels() -> None:
         finally:
             for handle in handles:
                 await handle.destroy()
-        assert await provider.list_owned(("boxwright-run-run-owned-7",)) == []
+        assert await provider.list_owned({"boxwright-run-": "run-owned-7"}) == []
 
     run(body)
