@@ -15,11 +15,22 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+
+import msgspec
 
 from ..abort import AbortSignal
 from ..errors import SandboxCommandError, UnsupportedCapabilityError
-from ..sandbox import WORKSPACE, ExecResult, FsEntry, FsStat, NativeWatch, SandboxChannel, SpawnHandle
+from ..sandbox import (
+    WORKSPACE,
+    DestroyInput,
+    ExecResult,
+    FsEntry,
+    FsStat,
+    NativeWatch,
+    SandboxChannel,
+    SpawnHandle,
+)
 from ..shell import join, quote
 
 LABEL_MANAGED = "boxwright.managed"
@@ -56,6 +67,41 @@ def ownership(
     if run:
         labels[LABEL_RUN] = run
     return labels
+
+
+def lease_expiry(value: str | None) -> float | None:
+    """The epoch seconds a ``LABEL_LEASE`` value says; None when absent or not a number (never "expired")."""
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class OwnedSandbox(msgspec.Struct, frozen=True, kw_only=True):
+    """One of this host's boxwright sandboxes at a provider, as ``list_owned`` finds it.
+
+    ``lease_expires`` is the epoch second its ownership lease ends (``LABEL_LEASE``), None where
+    the vendor stores no labels to hold it (Railway): a reaper keeps those for a person to decide.
+    """
+
+    id: str
+    lease_expires: float | None = None
+
+
+@runtime_checkable
+class Reapable(Protocol):
+    """A provider whose leaked sandboxes ``boxwright reap`` can find and destroy.
+
+    ``list_owned`` returns this host's boxwright-owned sandboxes (managed and owner labels, then
+    every pair of ``labels`` too), every page, none already being torn down.
+    """
+
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]: ...
+    async def destroy(self, input: DestroyInput) -> None: ...
+
+
+def owned(sandbox_id: str, labels: Mapping[str, str]) -> OwnedSandbox:
+    return OwnedSandbox(id=sandbox_id, lease_expires=lease_expiry(labels.get(LABEL_LEASE)))
 
 
 def map_path(path: str, workdir: str) -> str:

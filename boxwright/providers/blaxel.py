@@ -71,6 +71,7 @@ from ._remote import (
     WRAPPER,
     GroupProcess,
     NoStdin,
+    OwnedSandbox,
     ProcessSet,
     ShellFs,
     TextChannel,
@@ -78,6 +79,7 @@ from ._remote import (
     check_port,
     exec_result,
     map_path,
+    owned,
     owner_id,
     ownership,
     script,
@@ -507,18 +509,18 @@ class BlaxelProvider:
             if _status(exc) != 404:  # already gone is success; other failures raise for the reaper
                 raise
 
-    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[str]:
-        """Names of this host's boxwright sandboxes (every page), for ``boxwright reap``."""
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """This host's boxwright sandboxes by name (with every pair of ``labels`` too), every page."""
         core = self._ready()
         want = {LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})}
         page = await core.SandboxInstance.list(limit=50)
-        found: list[str] = []
+        found: list[OwnedSandbox] = []
         async for sandbox in page.auto_paging_iter():
             have = sandbox.metadata.labels
             have = have.to_dict() if hasattr(have, "to_dict") else dict(have or {})
             status = str(sandbox.status or "").upper()
             if all(have.get(k) == v for k, v in want.items()) and status not in GONE_STATUSES:
-                found.append(str(sandbox.metadata.name))
+                found.append(owned(str(sandbox.metadata.name), have))
         return found
 
 

@@ -67,6 +67,7 @@ from ._remote import (
     LABEL_OWNER,
     WRAPPER,
     GroupProcess,
+    OwnedSandbox,
     ProcessSet,
     ShellFs,
     TextChannel,
@@ -74,6 +75,7 @@ from ._remote import (
     check_port,
     exec_result,
     map_path,
+    owned,
     owner_id,
     ownership,
     script,
@@ -453,11 +455,11 @@ class BoxdProvider:
         except boxd.NotFoundError:
             return  # already gone is success; other failures raise for the reaper
 
-    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[str]:
-        """Ids of this host's boxwright machines, for ``boxwright reap``."""
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """This host's boxwright machines (with every pair of ``labels`` too), for ``boxwright reap``."""
         want = {LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})}
         machines = await self.client().machines.list(org=self._org(), labels=want)
-        return [str(m.id) for m in machines]
+        return [owned(str(m.id), m.labels or {}) for m in machines]
 
 
 def boxd_sandbox(

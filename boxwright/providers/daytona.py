@@ -72,6 +72,7 @@ from ._remote import (
     DEFAULT_LEASE,
     LABEL_MANAGED,
     LABEL_OWNER,
+    OwnedSandbox,
     ProcessSet,
     RemoteProcess,
     ShellFs,
@@ -81,6 +82,7 @@ from ._remote import (
     collect,
     exec_result,
     map_path,
+    owned,
     owner_id,
     ownership,
 )
@@ -575,7 +577,7 @@ class DaytonaProvider:
         ids = [handle.id] if handle is not None else []
         if not ids:
             with contextlib.suppress(Exception):
-                ids = await self.list_owned({NONCE: nonce})
+                ids = [made.id for made in await self.list_owned({NONCE: nonce})]
         for sandbox_id in ids:
             with contextlib.suppress(Exception):
                 await self.destroy(DestroyInput(id=sandbox_id))
@@ -612,11 +614,11 @@ class DaytonaProvider:
             with contextlib.suppress(daytona.DaytonaNotFoundError):
                 await client.secret.delete(secret_id)
 
-    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[str]:
-        """Ids of this host's boxwright sandboxes (every page), for ``boxwright reap``."""
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """This host's boxwright sandboxes (with every pair of ``labels`` too), every page, for ``boxwright reap``."""
         daytona = _sdk()
         query = daytona.ListSandboxesQuery(labels={LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})})
-        return [str(sandbox.id) async for sandbox in self._client().list(query)]
+        return [owned(str(sandbox.id), sandbox.labels or {}) async for sandbox in self._client().list(query)]
 
 
 def daytona_sandbox(

@@ -67,6 +67,7 @@ from ._remote import (
     LABEL_OWNER,
     WRAPPER,
     GroupProcess,
+    OwnedSandbox,
     ProcessSet,
     ShellFs,
     TextChannel,
@@ -75,6 +76,7 @@ from ._remote import (
     collect,
     exec_result,
     map_path,
+    owned,
     owner_id,
     ownership,
     script,
@@ -467,8 +469,8 @@ class E2BProvider:
                 await self.destroy(DestroyInput(id=handle.id))
             return
         with contextlib.suppress(Exception):
-            for sandbox_id in await self.list_owned({NONCE: nonce}):
-                await self.destroy(DestroyInput(id=sandbox_id))
+            for made in await self.list_owned({NONCE: nonce}):
+                await self.destroy(DestroyInput(id=made.id))
 
     async def resume(self, input: ResumeInput) -> E2BHandle | None:
         e2b = _sdk()
@@ -484,14 +486,14 @@ class E2BProvider:
         # False means "not found": already gone is success. Other failures raise for the reaper.
         await e2b.AsyncSandbox.kill(input.id, **self._opts())
 
-    async def list_owned(self, metadata: Mapping[str, str] | None = None) -> list[str]:
-        """Ids of this host's boxwright sandboxes (every page), for ``boxwright reap``."""
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """This host's boxwright sandboxes (with every pair of ``labels`` in their metadata too), every page."""
         e2b = _sdk()
-        query = e2b.SandboxQuery(metadata={LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(metadata or {})})
+        query = e2b.SandboxQuery(metadata={LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})})
         paginator = e2b.AsyncSandbox.list(query=query, **self._opts())
-        found: list[str] = []
+        found: list[OwnedSandbox] = []
         while paginator.has_next:
-            found.extend(str(info.sandbox_id) for info in await paginator.next_items())
+            found.extend(owned(str(i.sandbox_id), i.metadata or {}) for i in await paginator.next_items())
         return found
 
 

@@ -87,6 +87,7 @@ from ..sandbox import (
 from ..shell import quote
 from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
+    OwnedSandbox,
     ProcessSet,
     RemoteProcess,
     ShellFs,
@@ -702,16 +703,20 @@ class RailwayProvider:
         with contextlib.suppress(RailwayNotFound):
             await self.api_call("SandboxDestroy", _DESTROY, id=input.id)
 
-    async def list_owned(self, metadata: Mapping[str, str] | None = None) -> list[str]:
-        """Ids of the live sandboxes of this environment (Railway has no labels), every page, for ``boxwright reap``."""
-        if metadata:
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """The live sandboxes of this environment, every page, for ``boxwright reap``.
+
+        Railway has no labels: no lease either, so a reaper keeps them (the environment is the scope).
+        """
+        if labels:
             raise UnsupportedCapabilityError(NAME, "metadata", "Railway sandboxes carry no labels to filter on")
-        found: list[str] = []
+        found: list[OwnedSandbox] = []
         after: str | None = None
         while True:
             data = await self.api_call("Sandboxes", _LIST, first=50, after=after)
             page = data["sandboxes"]
-            found.extend(str(e["node"]["id"]) for e in page["edges"] if e["node"].get("status") not in TERMINAL)
+            nodes = [e["node"] for e in page["edges"]]
+            found.extend(OwnedSandbox(id=str(n["id"])) for n in nodes if n.get("status") not in TERMINAL)
             info = page.get("pageInfo") or {}
             if not info.get("hasNextPage"):
                 return found

@@ -37,7 +37,8 @@ import contextlib
 import os
 import secrets
 import signal as signals
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..abort import AbortSignal
@@ -65,6 +66,8 @@ from ..sandbox import (
 from ..shell import quote
 from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
+    DEFAULT_LEASE,
+    OwnedSandbox,
     ProcessSet,
     RemoteProcess,
     ShellFs,
@@ -72,6 +75,7 @@ from ._remote import (
     channel,
     check_port,
     exec_result,
+    lease_expiry,
     map_path,
     owner_id,
     script,
@@ -89,6 +93,8 @@ LABEL_OWNER = "boxwright-owner-"
 LABEL_RUN = "boxwright-run-"
 LABEL_SANDBOX = "boxwright-sandbox-"
 LABEL_NONCE = "boxwright-nonce-"
+# Box labels are plain strings: the lease's epoch second follows this prefix.
+LABEL_LEASE = "boxwright-lease-expires-"
 _SIGNAL_NAMES = {signals.SIGTERM: "TERM", signals.SIGKILL: "KILL", signals.SIGINT: "INT", signals.SIGHUP: "HUP"}
 
 
@@ -342,6 +348,7 @@ class UpstashBoxProvider:
         public_url_auth: Literal["bearer", "basic"] | None = None,
         labels: tuple[str, ...] = (),
         run_id: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE,
         request_timeout: float = 60.0,
         logger: Logger | None = None,
     ) -> None:
@@ -352,6 +359,7 @@ class UpstashBoxProvider:
         self.public_url_auth = public_url_auth
         self.labels = tuple(labels)
         self.run_id = run_id
+        self.lease_seconds = lease_seconds
         self.request_timeout = request_timeout
         self.logger: Logger = logger if logger is not None else StdlibLogger("boxwright.providers.upstash_box")
         self.restore_snapshot = self._restore
@@ -374,7 +382,8 @@ class UpstashBoxProvider:
         return opts
 
     def _ownership(self, key: str | None, nonce: str) -> list[str]:
-        labels = [*self.labels, LABEL_MANAGED, LABEL_OWNER + owner_id(), LABEL_NONCE + nonce]
+        lease = f"{LABEL_LEASE}{time.time() + self.lease_seconds:.0f}"
+        labels = [*self.labels, LABEL_MANAGED, LABEL_OWNER + owner_id(), LABEL_NONCE + nonce, lease]
         if key:
             labels.append(LABEL_SANDBOX + key)
         if self.run_id:
@@ -453,8 +462,8 @@ class UpstashBoxProvider:
             return
         # The create answer never came: find what it made by its nonce label.
         with contextlib.suppress(Exception):
-            for box_id in await self.list_owned((LABEL_NONCE + nonce,)):
-                await self.destroy(DestroyInput(id=box_id))
+            for made in await self.list_owned({LABEL_NONCE: nonce}):
+                await self.destroy(DestroyInput(id=made.id))
 
     async def resume(self, input: ResumeInput) -> UpstashBoxHandle | None:
         if input.signal is not None:
@@ -497,15 +506,24 @@ class UpstashBoxProvider:
             with contextlib.suppress(Exception):
                 await box.aclose()
 
-    async def list_owned(self, labels: tuple[str, ...] = ()) -> list[str]:
-        """Ids of this host's boxwright boxes (with every label of ``labels`` too), for ``boxwright reap``."""
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """This host's boxwright boxes, for ``boxwright reap``; ``labels`` pairs match the label ``key + value``
+        (box labels are plain strings: ``{"boxwright-test": ""}``, ``{LABEL_RUN: run_id}``)."""
         upstash_box = _sdk()
-        wanted = {LABEL_MANAGED, *labels}
+        wanted = {LABEL_MANAGED, *(k + v for k, v in (labels or {}).items())}
         opts = self._opts()
         rows = await upstash_box.AsyncBox.list(
             api_key=opts["api_key"], base_url=opts.get("base_url"), label=LABEL_OWNER + owner_id()
         )
-        return [str(r.id) for r in rows if wanted <= set(r.labels or ()) and r.status != "deleted"]
+        return [
+            OwnedSandbox(id=str(r.id), lease_expires=_lease(r.labels or ()))
+            for r in rows
+            if wanted <= set(r.labels or ()) and r.status != "deleted"
+        ]
+
+
+def _lease(labels: Sequence[str]) -> float | None:
+    return next((lease_expiry(x.removeprefix(LABEL_LEASE)) for x in labels if x.startswith(LABEL_LEASE)), None)
 
 
 def upstash_box_sandbox(
@@ -517,6 +535,7 @@ def upstash_box_sandbox(
     public_url_auth: Literal["bearer", "basic"] | None = None,
     labels: tuple[str, ...] = (),
     run_id: str | None = None,
+    lease_seconds: float = DEFAULT_LEASE,
     request_timeout: float = 60.0,
     logger: Logger | None = None,
 ) -> UpstashBoxProvider:
@@ -533,6 +552,7 @@ def upstash_box_sandbox(
         public_url_auth=public_url_auth,
         labels=labels,
         run_id=run_id,
+        lease_seconds=lease_seconds,
         request_timeout=request_timeout,
         logger=logger,
     )

@@ -188,7 +188,7 @@ def test_workspace_maps_to_home_boxd_workspace_and_machines_are_isolated_and_own
             assert (await handle.process.exec("cat /home/boxd/workspace/sub/f.txt")).stdout == "mapped"
             info = fake.info(fake.vms[handle.id])
             assert info.isolated and info.labels["boxwright.run"] == "run-owned-boxd", info
-            owned = await provider.list_owned({"boxwright.run": "run-owned-boxd"})
+            owned = [o.id for o in await provider.list_owned({"boxwright.run": "run-owned-boxd"})]
             assert sorted(owned) == sorted(h.id for h in handles), owned
         finally:
             for handle in handles:

@@ -236,7 +236,7 @@ def test_leaked_sandboxes_are_found_by_ownership_labels_across_pages() -> None:
         handles = [await provider.create(CreateInput(id=f"dtn-key-{i}-{int(time.time())}")) for i in range(3)]
         try:
             pages_before = sum(1 for r in fake.requests if r == ("GET", "/api/sandbox"))
-            owned = await provider.list_owned({"boxwright.run": "dtn-run-owned"})
+            owned = [o.id for o in await provider.list_owned({"boxwright.run": "dtn-run-owned"})]
             pages = sum(1 for r in fake.requests if r == ("GET", "/api/sandbox")) - pages_before
             assert sorted(owned) == sorted(h.id for h in handles)
             assert pages >= 2, f"{len(owned)} sandboxes at page size {fake.page_size} came in {pages} page(s)"

@@ -217,7 +217,7 @@ def test_leaked_sandboxes_are_found_by_ownership_metadata_across_pages() -> None
         handles = [await provider.create(CreateInput(id=f"key{i}")) for i in range(3)]
         try:
             pages_before = sum(1 for r in fake.requests if r == ("GET", "/v2/sandboxes"))
-            owned = await provider.list_owned({"boxwright.run": "run-owned-1"})
+            owned = [o.id for o in await provider.list_owned({"boxwright.run": "run-owned-1"})]
             pages = sum(1 for r in fake.requests if r == ("GET", "/v2/sandboxes")) - pages_before
             assert sorted(owned) == sorted(h.id for h in handles)
             assert pages >= 2, f"{len(owned)} sandboxes at page size {fake.page_size} came in {pages} page(s)"

@@ -334,13 +334,13 @@ def test_project_tokens_use_their_own_header_and_reaping_lists_every_page(monkey
         size, fake.page_size = fake.page_size, 1
         try:
             pages = fake.operations.count("Sandboxes")
-            owned = await provider.list_owned()
+            owned = [o.id for o in await provider.list_owned()]
             assert set(h.id for h in handles) <= set(owned), owned
             assert fake.operations.count("Sandboxes") - pages >= 2, "the listing did not cross a page"
         finally:
             fake.page_size = size
             for handle in handles:
                 await handle.destroy()
-        assert not set(h.id for h in handles) & set(await provider.list_owned())
+        assert not {h.id for h in handles} & {o.id for o in await provider.list_owned()}
 
     run(body)
