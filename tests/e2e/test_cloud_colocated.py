@@ -174,7 +174,8 @@ def test_a_durable_colocated_claude_run_completes_on_the_cloud_fake_with_a_host_
         f"{cloud.name}-colocated",
         cloud.provider,
         define_workspace(setup=repo_setup()),
-        lifecycle=Lifecycle(destroy_on_complete=True),
+        # No after-setup snapshot: nothing here restores one, and it costs a stop, commit and start per run.
+        lifecycle=Lifecycle(destroy_on_complete=True, snapshot="none"),
     )
     harness = claude_code("claude-sonnet-4-5", env={"CLAUDE_CODE_MAX_RETRIES": "0"})
     run_id, thread_id = f"r-{cloud.name}-{secrets.token_hex(4)}", f"t-{cloud.name}"
