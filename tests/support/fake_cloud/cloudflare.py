@@ -153,7 +153,10 @@ class FakeCloudflareWorker:
             return box
         if self.mkdir_delay:
             await asyncio.sleep(self.mkdir_delay)
-        code, _, err = await box.machine.run(["mkdir", "-p", str((await request.json())["path"])], user="root")
+        try:
+            code, _, err = await box.machine.run(["mkdir", "-p", str((await request.json())["path"])], user="root")
+        except OSError as exc:  # destroyed meanwhile (a cancelled create's clean-up came first)
+            return JSONResponse({"error": str(exc)}, status_code=500)
         if code != 0:
             return JSONResponse({"error": err.decode(errors="replace")}, status_code=500)
         return JSONResponse({})
