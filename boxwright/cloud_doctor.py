@@ -14,6 +14,8 @@ CLOUD = (
     ("upstash-box", "upstash_box", "upstash-box", ("UPSTASH_BOX_API_KEY",), ("UPSTASH_BOX_BASE_URL",)),
     # Blaxel: without a key the SDK's `bl login` would do, but doctor only vouches for what it can see.
     ("blaxel", "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), ("BL_REGION",)),
+    # Vercel: the `vercel-sandbox` distribution provides vercel.sandbox; all three variables are needed.
+    ("vercel", "vercel.sandbox", "vercel", ("VERCEL_TOKEN", "VERCEL_TEAM_ID", "VERCEL_PROJECT_ID"), ()),
     ("sprites", "sprites", "sprites", ("SPRITES_API_KEY",), ("SPRITES_API_URL",)),
     ("boxd", "boxd", "boxd", ("BOXD_API_KEY|BOXD_TOKEN", "BOXD_ORG"), ("BOXD_BASE_URL",)),
     # Cloudflare: a Worker of ours (deploy/cloudflare/) fronts the Durable Object; the client is httpx (core).
@@ -30,11 +32,19 @@ def sbx_check() -> tuple[str, str, bool, str]:
     return ("provider", "sbx", True, "`sbx` on PATH (needs `sbx login` and a hypervisor: `sbx ls --json` tells)")
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` imports here; a dotted one (``vercel.sandbox``) without its parent package is not."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def cloud_checks() -> list[tuple[str, str, bool, str]]:
     """(kind, name, ok, detail) rows, one per cloud provider boxwright has."""
     rows = []
     for name, module, extra, needed, optional in CLOUD:
-        if importlib.util.find_spec(module) is None:
+        if not _installed(module):
             rows.append(
                 ("provider", name, False, f"the `{module}` SDK is not installed: pip install 'boxwright[{extra}]'")
             )

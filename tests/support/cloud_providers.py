@@ -39,6 +39,9 @@ class CloudEntry:
     probe: Callable[[], str | None] | None = None  # why the live service is unusable beyond env (sbx: a CLI)
     journal_skip: str | None = None  # why the journal suite cannot run on this provider at all (Cloudflare: CF4)
     follow_unsupported: str | None = None  # why its journal polls (not both background and killable)
+    # Strips boxwright's labels off a sandbox in the fake (it becomes someone else's), for the reap
+    # test; None where the vendor stores no labels (Railway) or cannot list sandboxes (sbx, Cloudflare).
+    disown: Callable[[str], None] | None = None
 
 
 _fakes: dict[str, Any] = {}
@@ -223,6 +226,35 @@ def _boxd_live(logger: RecordingLogger) -> Any:
     return boxd_sandbox(vcpu=1, auto_destroy_timeout=3600, logger=logger, labels={"boxwright.test": "1"})
 
 
+# -- Vercel ---------------------------------------------------------------------------------------
+
+
+def vercel_fake() -> Any:
+    from tests.support.fake_cloud.vercel import FakeVercel
+
+    return running_fake("vercel", lambda: FakeVercel(BASE_IMAGE))
+
+
+def vercel_fake_provider(logger: RecordingLogger | None = None, **extra: Any) -> Any:
+    """A ``vercel_sandbox`` pointed at the running fake (extra options as for ``vercel_sandbox``)."""
+    from boxwright.providers.vercel import vercel_sandbox
+
+    fake = vercel_fake()
+    extra.setdefault("token", fake.token)
+    extra.setdefault("team_id", fake.team)
+    extra.setdefault("project_id", fake.project)
+    extra.setdefault("ports", [8080])
+    return vercel_sandbox(
+        api_url=fake.api_url, logger=logger or RecordingLogger(), labels={"boxwright.test": "1"}, **extra
+    )
+
+
+def _vercel_live(logger: RecordingLogger) -> Any:
+    from boxwright.providers.vercel import vercel_sandbox
+
+    return vercel_sandbox(ports=[8080], execution_time_limit=1800, logger=logger, labels={"boxwright.test": "1"})
+
+
 # -- Sprites --------------------------------------------------------------------------------------
 
 
@@ -332,11 +364,42 @@ def _cloudflare_live(logger: RecordingLogger) -> Any:
     return cloudflare_sandbox(preview_hostname=os.environ.get("BOXWRIGHT_CLOUDFLARE_PREVIEW_HOST"), logger=logger)
 
 
+# -- ownership labels in the fakes (the reap test) --------------------------------------------------
+
+
+def _e2b_disown(sandbox_id: str) -> None:
+    e2b_fake().boxes[sandbox_id].metadata.clear()
+
+
+def _daytona_disown(sandbox_id: str) -> None:
+    daytona_fake().boxes[sandbox_id].labels.clear()
+
+
+def _blaxel_disown(name: str) -> None:
+    blaxel_fake().boxes[name].record["metadata"]["labels"] = {}
+
+
+def _boxd_disown(machine_id: str) -> None:
+    boxd_fake().vms[machine_id].labels.clear()
+
+
+def _upstash_box_disown(box_id: str) -> None:
+    upstash_box_fake().boxes[box_id].labels.clear()
+
+
+def _sprites_disown(name: str) -> None:
+    sprites_fake().sprites[name].labels.clear()
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
-    "blaxel": CloudEntry("blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), blaxel_fake_provider, _blaxel_live),
-    "boxd": CloudEntry("boxd", "boxd", ("BOXD_API_KEY", "BOXD_ORG"), boxd_fake_provider, _boxd_live),
+    "blaxel": CloudEntry(
+        "blaxel", "blaxel", ("BL_API_KEY", "BL_WORKSPACE"), blaxel_fake_provider, _blaxel_live, disown=_blaxel_disown
+    ),
+    "boxd": CloudEntry(
+        "boxd", "boxd", ("BOXD_API_KEY", "BOXD_ORG"), boxd_fake_provider, _boxd_live, disown=_boxd_disown
+    ),
     # No SDK: the provider drives the `sbx` CLI (its fake: tests/support/fake_cloud/sbx).
     "sbx": CloudEntry(
         "sbx",
@@ -357,7 +420,7 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         journal_skip=CLOUDFLARE_JOURNAL_SKIP,
         follow_unsupported="no signal crosses Workers RPC: kill() cannot reach the process (seed)",
     ),
-    "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live),
+    "e2b": CloudEntry("e2b", "e2b", ("E2B_API_KEY",), e2b_fake_provider, _e2b_live, disown=_e2b_disown),
     "daytona": CloudEntry(
         "daytona",
         "daytona",
@@ -365,6 +428,7 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         daytona_fake_provider,
         _daytona_live,
         follow_unsupported="Daytona's kill deletes the session; reaching a background child is not measured (seed)",
+        disown=_daytona_disown,
     ),
     # Railway has no SDK: its client is httpx + websockets (core dependencies); either token kind will do.
     "railway": CloudEntry(
@@ -374,6 +438,15 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         railway_fake_provider,
         _railway_live,
     ),
+    # vercel.sandbox comes from the `vercel-sandbox` distribution (the umbrella `vercel` pins websockets<17).
+    "vercel": CloudEntry(
+        "vercel",
+        "vercel.sandbox",
+        ("VERCEL_TOKEN", "VERCEL_TEAM_ID", "VERCEL_PROJECT_ID"),
+        vercel_fake_provider,
+        _vercel_live,
+        follow_unsupported="Vercel's server-side kill reaching a forked child is not measured (seed)",
+    ),
     "sprites": CloudEntry(
         "sprites",
         "sprites",
@@ -381,16 +454,26 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         sprites_fake_provider,
         _sprites_live,
         follow_unsupported="Sprites' kill is claimed but not verified against a real Sprite (seed: ship false)",
+        disown=_sprites_disown,
     ),
     "upstash-box": CloudEntry(
-        "upstash-box", "upstash_box", ("UPSTASH_BOX_API_KEY",), upstash_box_fake_provider, _upstash_box_live
+        "upstash-box",
+        "upstash_box",
+        ("UPSTASH_BOX_API_KEY",),
+        upstash_box_fake_provider,
+        _upstash_box_live,
+        disown=_upstash_box_disown,
     ),
 }
 
 
 @functools.cache
 def _sdk_problem(module: str) -> str | None:
-    if importlib.util.find_spec(module) is None:
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a dotted module (vercel.sandbox) whose parent package is missing
+        found = False
+    if not found:
         return f"the `{module}` SDK is not installed (pip install 'boxwright[{module}]')"
     return None
 
