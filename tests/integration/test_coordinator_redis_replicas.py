@@ -1,7 +1,8 @@
 """``boxwright serve`` replicas over one Redis (``--store redis://...``): shutdown and the watchdog across them.
 
 A SIGTERMed mid-run (issue 14, A48): it drains, leaves the run ``running`` and releases its lease (it
-had ten minutes to go), so B's sweep adopts it at once and completes it, every event stored once.
+had ten minutes to go), so B adopts it at once (a tail's takeover or the sweep, whichever comes first) and
+completes it, every event stored once.
 
 The inactivity watchdog across replicas (decision 4): a replica watches the runs it drives (only the
 lease holder writes a run's status, decision 3); a run whose replica died is adopted by another's sweep
@@ -123,10 +124,9 @@ def test_a_replica_shut_down_mid_run_on_redis_releases_its_lease_and_another_ado
         return f"A: {a.stderr()}\nB: {b.stderr()}"
 
     assert "detached: its log stays open" in a.stderr()
-    # Released at shutdown: the lease had minutes to go, and B's sweep (every 0.5 s) adopts the run now.
+    # Released at shutdown: the lease had minutes to go, and B adopts the run now (the tail below, or its sweep).
     frames = sse_events(b.url, run, thread, timeout=120)
     assert frames[-1][0] == "status" and json.loads(frames[-1][2])["status"] == "completed", (frames[-3:], failures())
-    assert "sweep adopted 1 run(s): " + run in b.stderr(), failures()
     assert _deltas(frames) == [f"line {i}\n" for i in range(1, LINES + 1)], failures()
     final = _record(b, run, thread)
     assert final["status"] == "completed" and final["driverEpoch"] == 2, (final, failures())
