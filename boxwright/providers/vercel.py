@@ -71,12 +71,14 @@ from ._remote import (
     NO_PID,
     SURVIVED,
     WRAPPER,
+    OwnedSandbox,
     ShellFs,
     TextChannel,
     channel,
     check_port,
     collect,
     map_path,
+    owned,
     owner_id,
     ownership,
     script,
@@ -502,18 +504,18 @@ class VercelProvider:
                 return  # already gone is success; other failures raise for the reaper
             raise
 
-    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[str]:
-        """Names of this host's boxwright sandboxes (every page), for ``boxwright reap``."""
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """This host's boxwright sandboxes by name (with every pair of ``labels`` too), every page."""
         sdk = _sdk()
         want = {LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})}
         query = sdk.SandboxQueryByCreatedAt(tag=sdk.TagFilter(key=LABEL_OWNER, value=owner_id()))
-        found = []
+        found: list[OwnedSandbox] = []
         with self._bound():
             pages = sdk.query_sandboxes(query=query)
         async for sandbox in pages:
-            tags = sandbox.tags or {}
+            tags = dict(sandbox.tags or {})
             if all(tags.get(k) == v for k, v in want.items()):
-                found.append(str(sandbox.name))
+                found.append(owned(str(sandbox.name), tags))
         return found
 
 

@@ -391,6 +391,10 @@ def _sprites_disown(name: str) -> None:
     sprites_fake().sprites[name].labels.clear()
 
 
+def _vercel_disown(name: str) -> None:
+    vercel_fake().sandboxes[name].tags.clear()
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 CLOUD_PROVIDERS: dict[str, CloudEntry] = {
@@ -446,6 +450,7 @@ CLOUD_PROVIDERS: dict[str, CloudEntry] = {
         vercel_fake_provider,
         _vercel_live,
         follow_unsupported="Vercel's server-side kill reaching a forked child is not measured (seed)",
+        disown=_vercel_disown,
     ),
     "sprites": CloudEntry(
         "sprites",
