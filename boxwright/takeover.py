@@ -603,11 +603,18 @@ class SandboxRunDriver:
         self.after_terminal = after_terminal
         # The claims held through this driver, by run id: the lock makes one claim per run at a time.
         self._held: dict[str, list[RunClaim]] = {}
+        # The latest claim taken through this driver, by run id, kept after its block ended: whoever
+        # started the drive reads whether it ended by losing the claim (``last_claim``).
+        self._last: dict[str, RunClaim] = {}
 
     def held_claim(self, run_id: str) -> RunClaim | None:
         """The claim on ``run_id`` held through this driver, if any (the innermost, if nested)."""
         held = self._held.get(run_id)
         return held[-1] if held else None
+
+    def last_claim(self, run_id: str) -> RunClaim | None:
+        """The latest claim on ``run_id`` taken through this driver, held or not (``None``: never claimed)."""
+        return self._last.get(run_id)
 
     @overload
     def claim(self, run_id: str) -> AbstractAsyncContextManager[RunClaim]: ...
@@ -631,6 +638,7 @@ class SandboxRunDriver:
         async with run_claim(self.runs, self.locks, run_id, lease_ttl_ms=self.lease_ttl_ms) as claim:
             held = self._held.setdefault(run_id, [])
             held.append(claim)
+            self._last[run_id] = claim
             try:
                 yield claim
             finally:

@@ -120,6 +120,8 @@ class _Driven:
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
     # A takeover's claim once its lease is taken (None while it waits out another driver's lease).
     claim_of: Callable[[], RunClaim | None] = lambda: None
+    # Set as the drive ends if it ended by losing its claim: the run may be left with no driver at all.
+    lapsed: RunClaim | None = None
 
 
 class RecordDurability:
@@ -230,6 +232,9 @@ class AttachOutcome:
 
 # How long /attach waits for a run's lease before it says another live driver holds it.
 ATTACH_WAIT_S: Final = 2.0
+# How many times in a row this process adopts a run again whose claim it lost (its lease lapsed and
+# nobody claimed the run since); past that the run is left to the sweep (of any replica).
+MAX_READOPTS: Final = 3
 
 
 class StartRunRequest(msgspec.Struct, rename="camel", kw_only=True):
@@ -320,6 +325,10 @@ class SandboxService:
         self._here: dict[str, _Driven] = {}
         self._group: asyncio.TaskGroup | None = None  # set between __aenter__ and __aexit__
         self._closing = False
+        # Runs adopted again after a lost claim, and how many times in a row (bounded: MAX_READOPTS).
+        self._readopted: dict[str, int] = {}
+        # The tasks that adopt a run again, held until they end (a service never entered has no group).
+        self._readopting: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -508,7 +517,9 @@ class SandboxService:
                 # Several replicas share this store: drive under the run's claim (epoch 1), so a
                 # successor that takes the run over fences out anything this driver still writes.
                 claimed = asyncio.Event()
-                work = self._drive_claimed(events, run_id, thread_id, abort, detached, durability, cleanup, claimed)
+                work = self._drive_claimed(
+                    events, run_id, thread_id, abort, detached, durability, cleanup, claimed, entry
+                )
                 entry.task = self._spawn(work, f"boxwright run {run_id!r}")
             else:
                 piped = pipe_to_run_log(
@@ -547,6 +558,7 @@ class SandboxService:
         durability: RecordDurability | None = None,
         cleanup: JournalCleanup | None = None,
         claimed: asyncio.Event | None = None,
+        entry: _Driven | None = None,
     ) -> RunRecord:
         assert self._locks is not None
         # A fresh run has no predecessor to wait out: no quiet window.
@@ -562,9 +574,13 @@ class SandboxService:
                 # A lost claim stops the agent's drive; so does a cancel recorded by any process.
                 claim.signal.add_listener(lambda reason: abort.abort(reason))
                 claim.cancel_signal.add_listener(lambda _reason: abort.abort(RUN_CANCEL_REASON))
-                return await driver.pipe(
-                    events, run_id, thread_id, detached=detached, claim=claim, after_terminal=cleanup
-                )
+                try:
+                    return await driver.pipe(
+                        events, run_id, thread_id, detached=detached, claim=claim, after_terminal=cleanup
+                    )
+                finally:
+                    if entry is not None and claim.lost:
+                        entry.lapsed = claim
         except Exception as exc:
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
@@ -594,6 +610,47 @@ class SandboxService:
 
     def _forget(self, run_id: str, entry: _Driven, _task: object) -> None:
         self._unregister(run_id, entry)
+        if entry.lapsed is None:
+            self._readopted.pop(run_id, None)
+        elif not self._closing:
+            # Its drive ended by losing the claim: unless another driver holds the run now, nobody
+            # drives it, and a client tailing it here would wait for ever (no tail comes to start one).
+            try:
+                task = self._task(self._adopt_again(run_id, entry.lapsed), f"boxwright re-adopt {run_id!r}")
+            except ServiceClosedError:
+                return
+            self._readopting.add(task)
+            task.add_done_callback(self._readopting.discard)
+
+    async def _adopt_again(self, run_id: str, lost: RunClaim) -> None:
+        """Adopt ``run_id`` again after this process lost its claim at ``lost.epoch``; never raises.
+
+        Only a run still running, not cancel-requested and still at the lost claim's epoch (nobody
+        claimed it since: its lease lapsed, a stalled loop or a store that did not answer in time)
+        is adopted, through the one takeover path (the claim waits for a lease another holds).
+        """
+        try:
+            record = await self.runs.get(run_id)
+            if record is None or record.status != "running" or record.cancel_requested is True:
+                return
+            if record.driver_epoch != lost.epoch:
+                return  # another driver claimed it since: that one drives it
+            count = self._readopted.get(run_id, 0)
+            if count >= MAX_READOPTS:
+                log.warning(
+                    "run %r: lost its claim %d times in a row here; left to the sweep (of any replica)", run_id, count
+                )
+                self._readopted.pop(run_id, None)
+                return
+            self._readopted[run_id] = count + 1
+            log.warning(
+                "run %r: its claim at driver epoch %d was lost and nobody claimed the run since; adopting it again",
+                run_id,
+                lost.epoch,
+            )
+            await self.take_over_if_orphaned(run_id)
+        except Exception as exc:
+            log.warning("run %r: could not adopt it again: %s", run_id, redact(f"{type(exc).__name__}: {exc}"))
 
     def _unregister(self, run_id: str, entry: _Driven) -> None:
         if self._here.get(run_id) is entry:
@@ -760,8 +817,18 @@ class SandboxService:
             self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms, after_terminal=cleanup
         )
         entry.claim_of = lambda: driver.held_claim(run_id)
+
+        async def adopt() -> bool:
+            try:
+                return await driver.resume(run_id)
+            finally:
+                # A claim taken and lost (its lease, mid-drive or before the first append): _forget adopts again.
+                claim = driver.last_claim(run_id)
+                if claim is not None and claim.lost:
+                    entry.lapsed = claim
+
         try:
-            entry.task = self._spawn(driver.resume(run_id), f"boxwright takeover {run_id!r}")
+            entry.task = self._spawn(adopt(), f"boxwright takeover {run_id!r}")
         except ServiceClosedError:
             self._unregister(run_id, entry)
             return False
