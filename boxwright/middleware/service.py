@@ -122,6 +122,9 @@ class _Driven:
     claim_of: Callable[[], RunClaim | None] = lambda: None
     # Set as the drive ends if it ended by losing its claim: the run may be left with no driver at all.
     lapsed: RunClaim | None = None
+    # A tail (or a bridge call) asked for this takeover while it was already under way: an attach probe
+    # that started it must not withdraw it (that tail would wait for a driver nobody starts).
+    wanted: bool = False
 
 
 class RecordDurability:
@@ -746,7 +749,10 @@ class SandboxService:
         lock store that spans processes: the claim then waits out a live driver elsewhere and
         fences a dead one. Returns whether a takeover was started; the claim may still refuse.
         """
-        if self.factory is None or self._locks is None or not self._locks.durable or run_id in self._here:
+        if self.factory is None or self._locks is None or not self._locks.durable:
+            return False
+        if (here := self._here.get(run_id)) is not None:
+            here.wanted = True
             return False
         if self._closing:
             return False
@@ -894,7 +900,7 @@ class SandboxService:
             await asyncio.sleep(0.05)
         if claim is not None:
             return AttachOutcome(True, epoch=claim.epoch)
-        if not entry.task.done():
+        if not entry.task.done() and not entry.wanted:
             entry.task.cancel()  # still waiting for a live lease: nothing was claimed, nothing written
             await asyncio.wait({entry.task})
             claim = entry.claim_of()
