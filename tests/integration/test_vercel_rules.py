@@ -1,0 +1,228 @@
+"""Vercel's seed rules, one test each, on the real ``vercel-sandbox`` SDK against its fake (fake_cloud/vercel.py).
+
+Secrets reach neither a command string nor the sandbox's configuration (what its snapshots
+keep); a deleted and a never-made sandbox resume as None while an auth failure raises; a
+stopped persistent sandbox resumes with its files; network deny is refused; an abort or cancel
+during create leaves no sandbox; only declared ports have (public) domains; ``/workspace`` is
+``/vercel/sandbox``; the server-side kill alone leaves a forked child running (why
+``killable_processes`` is false); leaked sandboxes are found by their ownership tags across pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from boxwright.abort import AbortController
+from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
+from tests.support.cloud_providers import fake_problem, vercel_fake, vercel_fake_provider
+from tests.support.require import missing
+
+pytestmark = pytest.mark.integration
+
+SECRET = "bw-secret-v3rce1-do-not-leak"
+
+
+@pytest.fixture(autouse=True)
+def _fake_available() -> None:
+    problem = fake_problem("vercel")
+    if problem is not None:
+        missing(problem)
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 150))
+
+
+def test_secrets_never_reach_a_command_string_or_the_sandbox_config() -> None:
+    fake = vercel_fake()
+    provider = vercel_fake_provider()
+    seen = len(fake.bodies)
+
+    async def body() -> None:
+        handle = await provider.create(CreateInput(env={"BW_SECRET": SECRET}))
+        try:
+            count = await handle.process.exec('printf %s "$BW_SECRET" | wc -c')
+            assert count.stdout.strip() == str(len(SECRET)), count
+            handle.env.set({"BW_SET": SECRET + "-set"})
+            both = await handle.process.exec(
+                'test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', ProcessOptions(env={"BW_CMD": SECRET + "-cmd"})
+            )
+            assert both.stdout == "ok\n", both
+            await handle.fs.write("/workspace/f.txt", "plain")  # helper commands carry no handle env
+        finally:
+            await handle.destroy()
+
+    run(body)
+    commands = fake.commands()
+    assert commands, "the fake received no commands"
+    assert [c for c in commands if SECRET in c] == [], "a secret reached a command string"
+    bodies = [json.loads(b) for b in fake.bodies[seen:] if b]
+    creates = [b for b in bodies if "projectId" in b]
+    assert creates and all(SECRET not in json.dumps(b) for b in creates), "a secret reached the sandbox config"
+    runs = [b for b in bodies if "command" in b]
+    assert all(SECRET not in json.dumps([b["command"], b.get("args")]) for b in runs), "a secret in argv"
+    with_env = [b for b in runs if SECRET in json.dumps(b.get("env"))]
+    assert len(with_env) == 2, with_env  # the two user commands, as their env field
+    assert all("base64" not in json.dumps(b.get("args")) for b in with_env)
+
+
+def test_gone_and_never_made_resume_as_none_stopped_resumes_and_auth_failure_raises() -> None:
+    fake = vercel_fake()
+    provider = vercel_fake_provider()
+
+    async def body() -> None:
+        handle = await provider.create()
+        await handle.fs.write("/workspace/kept.txt", "kept")
+        session = fake.sandboxes[handle.id].session
+        await asyncio.to_thread(fake.stop, handle.id)  # the session ended (its time limit): the disk stays
+        resumed = await provider.resume(ResumeInput(id=handle.id))
+        assert resumed is not None and resumed.id == handle.id
+        assert fake.sandboxes[handle.id].session != session, "a resume starts a new session"
+        assert await resumed.fs.read("/workspace/kept.txt") == "kept"
+        token = fake.token
+        fake.token = "rotated"
+        try:
+            with pytest.raises(Exception) as caught:
+                await provider.resume(ResumeInput(id=handle.id))
+            assert getattr(caught.value, "status_code", None) == 401, caught.value
+        finally:
+            fake.token = token
+        await handle.destroy()
+        assert await provider.resume(ResumeInput(id=handle.id)) is None
+        assert await provider.resume(ResumeInput(id="bw-never-made-1")) is None
+        await handle.destroy()  # already gone is success
+
+    run(body)
+
+
+def test_network_deny_is_refused_not_dropped() -> None:
+    fake = vercel_fake()
+    provider = vercel_fake_provider()
+
+    async def body() -> None:
+        before = set(fake.sandboxes)
+        for policy in (NetworkPolicy(mode="deny"), NetworkPolicy(mode="deny", allow_hosts=("api.anthropic.com",))):
+            with pytest.raises(UnsupportedCapabilityError) as caught:
+                await provider.create(CreateInput(network=policy))
+            assert caught.value.capability == "network_policy"
+        assert set(fake.sandboxes) == before, "a refused create still made a sandbox"
+
+    run(body)
+
+
+def test_abort_or_cancel_during_create_deletes_what_was_made() -> None:
+    fake = vercel_fake()
+    provider = vercel_fake_provider()
+
+    async def body() -> None:
+        before = set(fake.sandboxes)
+        fake.create_delay = 1.5
+        try:
+            controller = AbortController()
+            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
+            with pytest.raises(AbortError):
+                await provider.create(CreateInput(signal=controller.signal))
+            task = asyncio.ensure_future(provider.create())
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            fake.create_delay = 0.0
+        assert set(fake.sandboxes) - before == set(), "a sandbox made during an aborted create was left behind"
+
+    run(body)
+
+
+def test_declared_ports_have_public_domains_others_raise() -> None:
+    fake = vercel_fake()
+
+    async def body() -> None:
+        handle = await vercel_fake_provider(ports=[8080]).create()
+        try:
+            await handle.fs.write("/workspace/www/index.html", "hello from vercel")
+            await handle.process.spawn("cd www && exec python3 -m http.server 8080 --bind 0.0.0.0")
+            probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))'"
+            for _ in range(100):
+                if (await handle.process.exec(probe)).exit_code == 0:
+                    break
+                await asyncio.sleep(0.1)
+            with pytest.raises(UnsupportedCapabilityError) as caught:
+                await handle.ports.connect(3000)
+            assert "8080" in str(caught.value)
+            channel = await handle.ports.connect(8080)
+            assert channel.url.startswith("https://") and channel.url.endswith(".vercel.fake"), channel
+            assert channel.headers is None and channel.token is None, channel
+            host = {"Host": channel.url.removeprefix("https://")}
+            async with httpx.AsyncClient(base_url=fake.api_url, timeout=20) as client:
+                public = await client.get("/index.html", headers=host)  # no credentials: a public domain
+            assert public.status_code == 200 and public.text == "hello from vercel", public.text
+        finally:
+            await handle.destroy()
+
+    run(body)
+
+
+def test_workspace_maps_to_vercel_sandbox() -> None:
+    async def body() -> None:
+        handle = await vercel_fake_provider().create()
+        try:
+            assert handle.workspace_root == "/vercel/sandbox"
+            assert (await handle.process.exec("pwd")).stdout == "/vercel/sandbox\n"
+            await handle.fs.write("/workspace/sub/f.txt", "mapped")
+            assert (await handle.process.exec("cat /vercel/sandbox/sub/f.txt")).stdout == "mapped"
+            listed = await handle.fs.list("/workspace/sub")
+            assert [(e.name, e.path) for e in listed] == [("f.txt", "/workspace/sub/f.txt")]
+        finally:
+            await handle.destroy()
+
+    run(body)
+
+
+def test_the_server_side_kill_alone_leaves_a_forked_child() -> None:
+    provider = vercel_fake_provider()
+    assert provider.capabilities().killable_processes is False
+
+    async def body() -> None:
+        handle = await provider.create()
+        try:
+            process = await handle.process.spawn("( sleep 987650 ) & wait")
+            await asyncio.sleep(0.5)
+            await process._command.kill()  # Vercel's Command.kill: the command's own pid
+            await asyncio.sleep(0.5)
+            left = await handle.process.exec("ps -eo args | grep -cx 'sleep 987650'")
+            assert left.stdout.strip() == "1", left  # the forked child survived it
+            await process.kill()  # boxwright's: the group inside the sandbox
+            assert await asyncio.wait_for(process.wait(), 30) > 128
+            gone = await handle.process.exec("ps -eo args | grep -cx 'sleep 987650'")
+            assert gone.stdout.strip() == "0", gone
+        finally:
+            await handle.destroy()
+
+    run(body)
+
+
+def test_leaked_sandboxes_are_found_by_ownership_tags_across_pages() -> None:
+    fake = vercel_fake()
+    provider = vercel_fake_provider(run_id="run-owned-vc")
+
+    async def body() -> None:
+        handles = [await provider.create() for _ in range(3)]
+        try:
+            tags = fake.sandboxes[handles[0].id].tags
+            assert tags["boxwright.managed"] == "1" and tags["boxwright.run"] == "run-owned-vc", tags
+            owned = await provider.list_owned({"boxwright.run": "run-owned-vc"})
+            assert sorted(o.id for o in owned) == sorted(h.id for h in handles), owned  # page size 2
+            assert all(o.lease_expires is not None for o in owned), owned
+        finally:
+            for handle in handles:
+                await handle.destroy()
+        assert await provider.list_owned({"boxwright.run": "run-owned-vc"}) == []
+
+    run(body)
