@@ -2,7 +2,10 @@
 
 Every route without, with a wrong, or with another container's runner token; ids no run can have;
 deep JSON; a body larger than the cap, declared or streamed; offsets that are garbage or huge.
-Each refusal is a 4xx that starts nothing and leaves the runner serving.
+Each refusal is a 4xx that starts nothing and leaves the runner serving. And how the runner gets its
+token: the first line of its stdin (or a file it unlinks), never its env (refused), with the runner
+non-dumpable and what it execs dumpable again; the attack by the agent itself, in the runner image, is
+tests/security/test_runner_token_in_container.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from boxwright.runner.hardening import RunnerTokenError, read_token, read_token_file
 from boxwright.runner.server import create_runner_app
 from boxwright.tool_bridge import serve_asgi
 from tests.support.replicas import free_port
@@ -186,39 +190,128 @@ def test_a_body_over_the_cap_is_413_before_it_is_read(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runner's token is in its environ, which an agent running as the same user reads from "
-    "/proc/<runner pid>/environ (deploy/runner/Dockerfile: runner and agent are both `agent`); unsetenv "
-    "does not clear that page. Fix: hand the token over stdin or a 0400 file of another user, or run "
-    "the agent under another uid",
-)
-def test_an_agent_as_the_runners_user_cannot_read_the_runner_token(tmp_path: Path) -> None:
-    port = free_port()
+def _start_runner(*args: str, stdin: bytes | None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     runner = subprocess.Popen(
-        [sys.executable, "-m", "boxwright.runner", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, "BOXWRIGHT_RUNNER_TOKEN": TOKEN_X},
+        [sys.executable, "-m", "boxwright.runner", *args],
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
+    assert runner.stdin is not None
+    if stdin is not None:
+        runner.stdin.write(stdin)
+    runner.stdin.close()
+    return runner
+
+
+def _exited(runner: subprocess.Popen[bytes]) -> tuple[int, bytes]:
+    """Its exit code and stderr (a runner refusing to start exits at once)."""
+    assert runner.stderr is not None
+    err = runner.stderr.read()
+    return runner.wait(timeout=60), err
+
+
+def _wait_healthy(runner: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + 60  # a loaded machine: python and boxwright's imports take seconds
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        assert runner.poll() is None, f"the runner exited: {runner.stderr.read() if runner.stderr else b''!r}"
+        assert time.monotonic() < deadline, "the runner did not start"
+        time.sleep(0.1)
+
+
+def test_the_runner_takes_its_token_on_stdin_never_from_its_env(tmp_path: Path) -> None:
+    """What is in the runner's environ and argv an agent of its user reads: the token is in neither.
+
+    The attack itself (as the agent, in the runner image) is tests/security/test_runner_token_in_container.py:
+    here, as root on the host, /proc shows everything, so this checks only what the runner was given.
+    """
+    port = free_port()
+    runner = _start_runner("--host", "127.0.0.1", "--port", str(port), stdin=f"{TOKEN_X}\n".encode())
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            assert runner.poll() is None and time.monotonic() < deadline, "the runner did not start"
-            time.sleep(0.05)
-        # What an agent's shell can do: it knows the runner's pid (its ancestor) and its port (the host's).
-        agent = subprocess.run(
-            ["sh", "-c", f"tr '\\0' '\\n' < /proc/{runner.pid}/environ | sed -n 's/^BOXWRIGHT_RUNNER_TOKEN=//p'"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        found = agent.stdout.strip()
-        stopped = httpx.post(f"http://127.0.0.1:{port}/shutdown", headers=_auth(found), timeout=10)
-        assert stopped.status_code == 401, f"the agent read the runner token and stopped the runner ({stopped})"
+        _wait_healthy(runner, port)
+        environ = Path(f"/proc/{runner.pid}/environ").read_bytes()
+        cmdline = Path(f"/proc/{runner.pid}/cmdline").read_bytes()
+        assert TOKEN_X.encode() not in environ and TOKEN_X.encode() not in cmdline
+        assert b"BOXWRIGHT_RUNNER_TOKEN" not in environ
+        # The pipe that carried it is gone from the runner: what it spawns cannot inherit it.
+        assert os.readlink(f"/proc/{runner.pid}/fd/0") == os.devnull
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/runs/nope", headers=_auth(TOKEN_X), timeout=10).status_code == 404
+        assert httpx.get(f"{base}/runs/nope", headers=_auth(TOKEN_Y), timeout=10).status_code == 401
+        assert httpx.post(f"{base}/shutdown", headers=_auth(TOKEN_X), timeout=10).status_code == 202
+        assert runner.wait(timeout=30) == 0
     finally:
         runner.kill()
         runner.wait(timeout=10)
+
+
+def test_a_token_in_the_env_an_empty_stdin_or_a_bad_token_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def pipe_with(data: bytes) -> int:
+        read, write = os.pipe()
+        os.write(write, data)
+        os.close(write)
+        return read
+
+    fd = pipe_with(f"{TOKEN_X}\nmore".encode())
+    try:
+        assert read_token(fd) == TOKEN_X
+        assert os.read(fd, 10) == b"", "the fd that carried the token is /dev/null after"
+    finally:
+        os.close(fd)
+    for data, said in [(b"", "stdin closed before its token"), (b"x" * 5000, "not a token")]:
+        fd = pipe_with(data)
+        try:
+            with pytest.raises(RunnerTokenError, match=said):
+                read_token(fd)
+        finally:
+            os.close(fd)
+    read, write = os.pipe()
+    try:
+        with pytest.raises(RunnerTokenError, match=r"no token on the runner's stdin within 0\.2 s"):
+            read_token(read, within=0.2)  # a host that hung before it wrote: bounded
+    finally:
+        os.close(read)
+        os.close(write)
+
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{TOKEN_Y}\n")
+    assert read_token_file(str(token_file)) == TOKEN_Y
+    assert not token_file.exists(), "the token file outlived the runner's read"
+    with pytest.raises(RunnerTokenError, match="cannot read the runner's token file"):
+        read_token_file(str(token_file))
+
+    monkeypatch.setenv("BOXWRIGHT_RUNNER_TOKEN", TOKEN_X)
+    fd = pipe_with(f"{TOKEN_X}\n".encode())
+    try:
+        with pytest.raises(RunnerTokenError, match=r"must not be in its environment.*stdin"):
+            read_token(fd)
+    finally:
+        os.close(fd)
+    refused = _start_runner("--port", "9", stdin=f"{TOKEN_X}\n".encode(), env={"BOXWRIGHT_RUNNER_TOKEN": TOKEN_X})
+    code, err = _exited(refused)
+    assert code == 2 and b"must not be in its environment" in err, err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl PR_SET_DUMPABLE is Linux's")
+def test_non_dumpable_is_the_runners_alone_a_program_it_runs_is_dumpable_again() -> None:
+    """The agent the runner spawns must work as any process (its own /proc, a debugger of its own): exec resets."""
+    script = (
+        "import subprocess, sys\n"
+        "from boxwright.runner.hardening import is_dumpable, set_non_dumpable\n"
+        "before = is_dumpable()\n"
+        "assert set_non_dumpable() is None\n"
+        # The child asks the kernel itself (ctypes prctl PR_GET_DUMPABLE), without importing boxwright.
+        "child = subprocess.run([sys.executable, '-c', 'import ctypes; "
+        "print(bool(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)))'], capture_output=True, text=True, check=True)"
+        ".stdout.strip()\n"
+        "print(before, is_dumpable(), child)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "True"], out.stdout
