@@ -41,6 +41,7 @@ from boxwright.middleware.service import (
 )
 from boxwright.secrets import register_secret_values
 from boxwright.stores.base import warn_if_not_durable
+from boxwright.takeover import DEFAULT_FENCE_QUIET_MS
 from boxwright.viewer.app import profiles_config, viewer_routes
 
 from .auth import Authorize, allow_anyone, bearer_authorizer, guard_routes
@@ -104,6 +105,19 @@ def _authorizer(config: CoordinatorConfig) -> Authorize:
         "a coordinator needs client auth: pass authorize=, client_token= (or $BOXWRIGHT_CLIENT_TOKEN), "
         "or allow_anonymous=True for development"
     )
+
+
+def _check_inactivity(config: CoordinatorConfig) -> None:
+    """Refuse a watchdog that would fail every run it adopts: a successor's first append waits for the log to be
+    quiet for ``DEFAULT_FENCE_QUIET_MS`` (R30), and that wait logs no event (measured: 3 s fails an adopted run
+    that still produces, 6 s does not)."""
+    quiet_s = DEFAULT_FENCE_QUIET_MS / 1000
+    if 0 < config.inactivity_timeout <= quiet_s:
+        raise CoordinatorConfigError(
+            f"inactivity_timeout {config.inactivity_timeout:g} s: must be 0 (no watchdog) or longer than a "
+            f"takeover's {quiet_s:g} s quiet wait, or the watchdog fails every run a replica adopts "
+            "(--inactivity-timeout; default 1800 s)"
+        )
 
 
 def _factory(config: CoordinatorConfig) -> Any:
@@ -195,6 +209,7 @@ class _NoteOrigin:
 def create_coordinator_app(config: CoordinatorConfig) -> Starlette:
     """A Starlette app serving the coordinator of ``config`` (run it under uvicorn; see ``boxwright serve``)."""
     authorize = _authorizer(config)
+    _check_inactivity(config)
     # Masked in logs and in every run's events: an agent that prints what it can read (on a local-process
     # sandbox, this process's argv and env) must not put them in the log.
     store_password = urlsplit(config.store_url).password if config.store_url else None
