@@ -72,12 +72,14 @@ from ._remote import (
     NO_PID,
     SURVIVED,
     WRAPPER,
+    OwnedSandbox,
     ShellFs,
     TextChannel,
     channel,
     check_port,
     collect,
     map_path,
+    owned,
     owner_id,
     ownership,
     script,
@@ -544,17 +546,20 @@ class SpritesProvider:
         except sprites.NotFoundError:
             return  # already gone is success; other failures raise for the reaper
 
-    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[str]:
-        """Names of this host's boxwright Sprites (every page), for ``boxwright reap``."""
+    async def list_owned(self, labels: Mapping[str, str] | None = None) -> list[OwnedSandbox]:
+        """This host's boxwright Sprites by name (with every pair of ``labels`` too), every page."""
         sprites = _sdk()
         want = {f"{k}={v}" for k, v in {LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})}.items()}
-        found: list[str] = []
+        found: list[OwnedSandbox] = []
         token: str | None = None
         while True:
             page = await self.client().list_sprites(
                 sprites.ListOptions(prefix="bw-", max_results=100, continuation_token=token)
             )
-            found.extend(str(s.name) for s in page.sprites if want <= set(s.labels or []))
+            for sprite in page.sprites:
+                have = dict(label.partition("=")[::2] for label in sprite.labels or [])
+                if want <= set(sprite.labels or []):
+                    found.append(owned(str(sprite.name), have))
             if not page.has_more or not page.next_continuation_token:
                 return found
             token = page.next_continuation_token

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import httpx
 import pytest
@@ -22,8 +20,8 @@ import pytest
 from boxwright.abort import AbortController
 from boxwright.errors import AbortError, ProviderUnavailableError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
-from tests.support.cloud_providers import blaxel_fake, blaxel_fake_provider, fake_problem
-from tests.support.require import missing
+from tests.support.cloud_providers import blaxel_fake, blaxel_fake_provider
+from tests.support.cloud_rules import require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -31,15 +29,7 @@ pytestmark = pytest.mark.integration
 SECRET = "bw-secret-b1a8e1-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("blaxel")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 120))
+fake_required = require_fake("blaxel")
 
 
 def test_secrets_travel_as_request_env_never_in_a_command_string_or_the_spec() -> None:
@@ -152,23 +142,12 @@ def test_abort_or_cancel_during_create_deletes_what_was_made() -> None:
     run(body)
 
 
-async def _serve(handle: Any) -> None:
-    await handle.fs.write("/workspace/www/index.html", "hello from blaxel")
-    await handle.process.spawn("cd www && exec python3 -m http.server 8080 --bind 0.0.0.0")
-    probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))'"
-    for _ in range(100):
-        if (await handle.process.exec(probe)).exit_code == 0:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the server in the sandbox did not start")
-
-
 def test_previews_are_private_with_the_token_header_unless_public() -> None:
     async def body() -> None:
         for public in (False, True):
             handle = await blaxel_fake_provider(public_previews=public).create()
             try:
-                await _serve(handle)
+                await serve_http(handle, "hello from blaxel")
                 channel = await handle.ports.connect(8080)
                 assert channel.url.endswith(f"/preview/{handle.id}/8080"), channel
                 async with httpx.AsyncClient(timeout=20) as client:

@@ -10,8 +10,6 @@ isolated and found by their ownership labels.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import httpx
 import pytest
@@ -19,8 +17,8 @@ import pytest
 from boxwright.abort import AbortController
 from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
-from tests.support.cloud_providers import boxd_fake, boxd_fake_provider, fake_problem
-from tests.support.require import missing
+from tests.support.cloud_providers import boxd_fake, boxd_fake_provider
+from tests.support.cloud_rules import require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -28,15 +26,7 @@ pytestmark = pytest.mark.integration
 SECRET = "bw-secret-b0xd41-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("boxd")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 120))
+fake_required = require_fake("boxd")
 
 
 def test_secrets_travel_on_stdin_never_in_a_command_string_or_a_snapshot() -> None:
@@ -142,25 +132,14 @@ def test_abort_or_cancel_during_create_deletes_the_machine_after_the_call() -> N
     run(body)
 
 
-async def _serve(handle: Any, port: int, text: str) -> None:
-    await handle.fs.write(f"/workspace/www{port}/index.html", text)
-    await handle.process.spawn(f"cd www{port} && exec python3 -m http.server {port} --bind 0.0.0.0")
-    probe = f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))'"
-    for _ in range(100):
-        if (await handle.process.exec(probe)).exit_code == 0:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the server in the sandbox did not start")
-
-
 def test_the_one_public_url_is_pointed_at_the_connected_port() -> None:
     fake = boxd_fake()
 
     async def body() -> None:
         handle = await boxd_fake_provider().create()
         try:
-            await _serve(handle, 8080, "on 8080")
-            await _serve(handle, 3000, "on 3000")
+            await serve_http(handle, "on 8080", 8080)
+            await serve_http(handle, "on 3000", 3000)
             async with httpx.AsyncClient(base_url=fake.http_url, timeout=20) as client:
                 for port in (8080, 3000):
                     channel = await handle.ports.connect(port)

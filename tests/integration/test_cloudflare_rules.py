@@ -9,7 +9,6 @@ stdin raises; a wrong token is a ``ProviderUnavailableError`` naming the Worker'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -17,8 +16,8 @@ from boxwright.abort import AbortController
 from boxwright.errors import AbortError, ProviderUnavailableError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from boxwright.testkit import RecordingLogger
-from tests.support.cloud_providers import cloudflare_fake, cloudflare_fake_provider, fake_problem
-from tests.support.require import missing
+from tests.support.cloud_providers import cloudflare_fake, cloudflare_fake_provider
+from tests.support.cloud_rules import require_fake, run
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -26,15 +25,7 @@ pytestmark = pytest.mark.integration
 SECRET = "bw-secret-c10udf-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("cloudflare")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 120))
+fake_required = require_fake("cloudflare")
 
 
 def test_secrets_travel_in_request_bodies_never_in_a_command_string() -> None:

@@ -14,8 +14,6 @@ import asyncio
 import hashlib
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import httpx
 import pytest
@@ -23,8 +21,8 @@ import pytest
 from boxwright.abort import AbortController
 from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
-from tests.support.cloud_providers import daytona_fake, daytona_fake_provider, fake_problem
-from tests.support.require import missing
+from tests.support.cloud_providers import daytona_fake, daytona_fake_provider
+from tests.support.cloud_rules import require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -32,15 +30,7 @@ pytestmark = pytest.mark.integration
 SECRET = "dtn-secret-51b7e2-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("daytona")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 150))
+fake_required = require_fake("daytona")
 
 
 def _sha(text: str) -> str:
@@ -153,17 +143,6 @@ def test_abort_or_cancel_during_create_destroys_the_sandbox_and_its_secrets() ->
     run(body)
 
 
-async def _serve(handle: Any) -> None:
-    await handle.fs.write("/workspace/www/index.html", "hello from daytona")
-    await handle.process.spawn("cd www && exec python3 -m http.server 3000 --bind 0.0.0.0")
-    probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 3000))'"
-    for _ in range(100):
-        if (await handle.process.exec(probe)).exit_code == 0:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the server in the sandbox did not start")
-
-
 def test_ports_are_signed_preview_urls_unless_public() -> None:
     fake = daytona_fake()
 
@@ -171,7 +150,7 @@ def test_ports_are_signed_preview_urls_unless_public() -> None:
         for public in (False, True):
             handle = await daytona_fake_provider(public=public).create()
             try:
-                await _serve(handle)
+                await serve_http(handle, "hello from daytona", 3000)
                 channel = await handle.ports.connect(3000)
                 host = str(urllib.parse.urlsplit(channel.url).hostname)
                 async with httpx.AsyncClient(base_url=fake.server.url, timeout=20) as client:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import httpx
 import pytest
@@ -21,8 +19,8 @@ import pytest
 from boxwright.abort import AbortController
 from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
-from tests.support.cloud_providers import e2b_fake, e2b_fake_provider, fake_problem
-from tests.support.require import missing
+from tests.support.cloud_providers import e2b_fake, e2b_fake_provider
+from tests.support.cloud_rules import require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -30,15 +28,7 @@ pytestmark = pytest.mark.integration
 SECRET = "bw-secret-7f3a9c-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("e2b")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 120))
+fake_required = require_fake("e2b")
 
 
 def test_secrets_travel_as_envs_never_in_a_command_string_or_a_snapshot() -> None:
@@ -149,18 +139,6 @@ def test_abort_or_cancel_during_create_destroys_what_was_made() -> None:
     run(body)
 
 
-async def _serve(handle: Any) -> None:
-    await handle.fs.write("/workspace/www/index.html", "hello from the sandbox")
-    await handle.process.spawn("cd www && exec python3 -m http.server 8080 --bind 0.0.0.0")
-    for _ in range(100):
-        if (
-            await handle.process.exec("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))'")
-        ).exit_code == 0:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the server in the sandbox did not start")
-
-
 def test_ports_are_e2b_hosts_and_carry_the_traffic_token_when_public_traffic_is_off() -> None:
     fake = e2b_fake()
 
@@ -168,7 +146,7 @@ def test_ports_are_e2b_hosts_and_carry_the_traffic_token_when_public_traffic_is_
         for public in (False, True):
             handle = await e2b_fake_provider(allow_public_traffic=public).create()
             try:
-                await _serve(handle)
+                await serve_http(handle, "hello from the sandbox")
                 channel = await handle.ports.connect(8080)
                 host = urllib.parse.urlsplit(channel.url).hostname
                 assert channel.url == f"https://8080-{handle.id}.e2b.fake", channel

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -22,8 +21,8 @@ from boxwright.abort import AbortController
 from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.providers.railway import RailwayError, railway_sandbox
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
-from tests.support.cloud_providers import fake_problem, railway_fake, railway_fake_provider
-from tests.support.require import missing
+from tests.support.cloud_providers import railway_fake, railway_fake_provider
+from tests.support.cloud_rules import require_fake, run
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -31,15 +30,7 @@ pytestmark = pytest.mark.integration
 SECRET = "bw-secret-5e1d0b-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("railway")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 150))
+fake_required = require_fake("railway")
 
 
 def test_secrets_travel_as_variables_and_frame_env_never_in_a_command_string_or_a_checkpoint() -> None:

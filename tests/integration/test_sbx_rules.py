@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -21,8 +20,8 @@ from boxwright.abort import AbortController
 from boxwright.errors import AbortError, ProviderUnavailableError, SandboxCommandError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from boxwright.workspace import Workspace, git_source
-from tests.support.cloud_providers import fake_problem, sbx_fake, sbx_fake_provider
-from tests.support.require import missing
+from tests.support.cloud_providers import sbx_fake, sbx_fake_provider
+from tests.support.cloud_rules import require_fake, run
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -30,15 +29,7 @@ pytestmark = pytest.mark.integration
 SECRET = "bw-secret-5b%-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("sbx")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 150))
+fake_required = require_fake("sbx")
 
 
 def test_env_values_reach_the_cli_argv_never_the_vm_command() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -20,23 +19,15 @@ import pytest
 from boxwright.abort import AbortController
 from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
-from tests.support.cloud_providers import fake_problem, sprites_fake, sprites_fake_provider
-from tests.support.require import missing
+from tests.support.cloud_providers import sprites_fake, sprites_fake_provider
+from tests.support.cloud_rules import require_fake, run
 
 pytestmark = pytest.mark.integration
 
 SECRET = "bw-secret-5pr1te-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("sprites")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 150))
+fake_required = require_fake("sprites")
 
 
 def test_secrets_never_reach_a_command_a_url_a_body_or_a_checkpoint() -> None:
@@ -216,7 +207,7 @@ def test_leaked_sprites_are_found_by_ownership_labels_across_pages() -> None:
         try:
             labels = fake.sprites[handles[0].id].labels
             assert "boxwright.managed=1" in labels and "boxwright.run=run-owned-sp" in labels, labels
-            owned = await provider.list_owned({"boxwright.run": "run-owned-sp"})
+            owned = [o.id for o in await provider.list_owned({"boxwright.run": "run-owned-sp"})]
             assert sorted(owned) == sorted(h.id for h in handles), owned  # page size 2: two pages
         finally:
             for handle in handles:

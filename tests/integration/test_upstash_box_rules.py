@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import httpx
 import pytest
@@ -21,8 +19,8 @@ import pytest
 from boxwright.abort import AbortController
 from boxwright.errors import AbortError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
-from tests.support.cloud_providers import fake_problem, upstash_box_fake, upstash_box_fake_provider
-from tests.support.require import missing
+from tests.support.cloud_providers import upstash_box_fake, upstash_box_fake_provider
+from tests.support.cloud_rules import require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -30,15 +28,7 @@ pytestmark = pytest.mark.integration
 SECRET = "bw-secret-9a2c4e-do-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("upstash-box")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 150))
+fake_required = require_fake("upstash-box")
 
 
 def test_secrets_travel_as_box_env_and_frame_env_never_in_a_command_string_or_a_snapshot() -> None:
@@ -161,17 +151,6 @@ def test_abort_or_cancel_during_create_destroys_what_was_made() -> None:
     run(body)
 
 
-async def _serve(handle: Any) -> None:
-    await handle.fs.write("/workspace/www/index.html", "hello from the box")
-    await handle.process.spawn("cd www && exec python3 -m http.server 8080 --bind 0.0.0.0")
-    for _ in range(100):
-        probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))'"
-        if (await handle.process.exec(probe)).exit_code == 0:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the server in the box did not start")
-
-
 def test_preview_urls_have_no_auth_by_default_and_bearer_or_basic_when_asked() -> None:
     fake = upstash_box_fake()
 
@@ -179,7 +158,7 @@ def test_preview_urls_have_no_auth_by_default_and_bearer_or_basic_when_asked() -
         for auth in (None, "bearer", "basic"):
             handle = await upstash_box_fake_provider(public_url_auth=auth).create()
             try:
-                await _serve(handle)
+                await serve_http(handle, "hello from the box")
                 channel = await handle.ports.connect(8080)
                 host = str(urllib.parse.urlsplit(channel.url).hostname)
                 assert channel.url == f"https://{handle.id}-8080.box.fake", channel

@@ -1,0 +1,49 @@
+"""The cloud providers' seed-rule tests share this: the fake-or-named-skip fixture, the bounded
+run, and the HTTP server a ports test starts in a sandbox.
+
+Each ``tests/integration/test_<provider>_rules.py`` says ``fake_required = require_fake("e2b")``
+at module level (an autouse fixture: no fake, no SDK or no Docker is a named skip locally and a
+failure in CI) and runs each test's body through ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tests.support.cloud_providers import fake_problem
+from tests.support.require import missing
+
+# A case's body, bounded: a fake that stops answering fails the test instead of hanging the run.
+BODY_TIMEOUT = 150.0
+
+
+def require_fake(name: str) -> Any:
+    """An autouse fixture for a module: its tests need the fake of ``name``."""
+
+    @pytest.fixture(autouse=True)
+    def _fake_available() -> None:
+        problem = fake_problem(name)
+        if problem is not None:
+            missing(problem)
+
+    return _fake_available
+
+
+def run(body: Callable[[], Awaitable[None]], timeout: float = BODY_TIMEOUT) -> None:
+    asyncio.run(asyncio.wait_for(body(), timeout))
+
+
+async def serve_http(handle: Any, text: str, port: int = 8080) -> None:
+    """Serve ``text`` at ``/index.html`` on ``port`` inside the sandbox; return once it accepts connections."""
+    await handle.fs.write(f"/workspace/www{port}/index.html", text)
+    await handle.process.spawn(f"cd www{port} && exec python3 -m http.server {port} --bind 0.0.0.0")
+    probe = f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))'"
+    for _ in range(100):
+        if (await handle.process.exec(probe)).exit_code == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the server in the sandbox did not start on port {port}")
