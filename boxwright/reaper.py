@@ -105,7 +105,8 @@ class LeakEntry(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True
 
 
 # Finds (and removes) what no run record leads to: containers whose host died, images nobody uses
-# (``docker_reap.docker_leak_sweeper``). One call per sweep, after the runs.
+# (``docker_reap.docker_leak_sweeper``), cloud sandboxes whose lease ran out (``cloud_reap.cloud_leak_sweeper``).
+# One call per sweep, after the runs.
 SweepLeaks = Callable[[], Awaitable[Sequence[LeakEntry]]]
 
 
@@ -439,7 +440,7 @@ async def reap_detached_runs(
       sandbox; a raise is logged), then ``reclaim(listed_record)``; its raise: ``reclaim-failed``;
     - anything else raising: ``failed``. The reaper never clears ``detached_since``.
 
-    Then ``sweep_leaks()`` (``docker_leak_sweeper``): what it found lands in ``leaks``, its
+    Then ``sweep_leaks()`` (``docker_leak_sweeper``, ``cloud_leak_sweeper``): what it found lands in ``leaks``, its
     raise in ``leak_error``; it runs also when listing the runs failed or found none.
     """
     logger = logger or _logger
