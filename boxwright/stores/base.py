@@ -95,7 +95,8 @@ class BlockLockStore(LockStore, Protocol):
 
     def lock(self, key: str, *, ttl_ms: int = DEFAULT_LEASE_TTL_MS) -> AbstractAsyncContextManager[LeaseSignal]:
         """``async with locks.lock(key) as lease:`` holds the lock for the block; a lease renewal, if any,
-        runs in a task the block owns (cancelled and awaited on exit), and ``lease`` reports its loss."""
+        runs in a task the block owns (cancelled and awaited on exit) or, in the built-in stores, on a
+        thread of the store's that stops renewing before the block's exit returns; ``lease`` reports its loss."""
         ...
 
 
