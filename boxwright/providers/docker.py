@@ -69,6 +69,7 @@ from ..sandbox import (
 from ._docker_fast import SERVER as _FAST_SERVER
 from ._docker_fast import FastExec, FastExecLost, FastExecUnavailable, go_lines, keep_alive_command
 from ._posix import HandleEnv, Logger, StdlibLogger, TextStream
+from ._remote import ProcessSet, RemoteProcess
 
 NAME = "docker"
 INSTALL_HELP = (
@@ -265,10 +266,10 @@ class _Stdin:
             self._process.sock.shutdown(socket.SHUT_WR)
 
 
-class DockerProcess:
+class DockerProcess(RemoteProcess):
     """``SpawnHandle`` over one ``docker exec``: its hijacked socket, demultiplexed on the loop."""
 
-    pid = -1  # the only pid we could give is the host's, wrong on a remote or rootless daemon
+    # pid -1: the only pid we could give is the host's, wrong on a remote or rootless daemon
 
     def __init__(
         self,
@@ -290,15 +291,8 @@ class DockerProcess:
         self.stdin = _Stdin(self, stdin)
         self._eof = asyncio.Event()
         self._pump = asyncio.ensure_future(self._read())
-        self._exit: asyncio.Future[int] = asyncio.ensure_future(self._await_exit())
-        # Its error reaches whoever waits (through a shield); retrieved here so none is reported as lost.
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._kill: asyncio.Task[None] | None = None
+        self.watch(self._await_exit())
         self.kill_requested = False
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
 
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
@@ -351,17 +345,6 @@ class DockerProcess:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self, sig: int | None = None) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill(sig))
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon(sig))
-
     async def _do_kill(self, sig: int | None) -> None:
         if self.exited or self._pid_file is None:
             return
@@ -386,10 +369,10 @@ class DockerProcess:
             await asyncio.wait_for(asyncio.shield(self._exit), _INSPECT_FOR)
 
 
-class DockerProcesses:
+class DockerProcesses(ProcessSet[DockerProcess]):
     def __init__(self, handle: DockerHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[DockerProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None, *, stdin: bool = True) -> DockerProcess:
         opts = opts or ProcessOptions()
@@ -406,16 +389,7 @@ class DockerProcesses:
         process = await handle._start_exec(argv, {**handle.env.get(), **(opts.env or {})}, stdin, pid_file)
         if stdin:
             handle._first_command.set()  # a spawn: started is enough (it may run for the whole session)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(process, opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
         handle = self._handle
@@ -452,11 +426,6 @@ class DockerProcesses:
         finally:
             handle._first_command.set()
         return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
 
 
 class _AttachLines:

@@ -11,17 +11,15 @@ labels across pages.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
 import pytest
 
-from boxwright.abort import AbortController
-from boxwright.errors import AbortError, ProviderUnavailableError, UnsupportedCapabilityError
+from boxwright.errors import ProviderUnavailableError, UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from tests.support.cloud_providers import blaxel_fake, blaxel_fake_provider
-from tests.support.cloud_rules import require_fake, run, serve_http
+from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -123,19 +121,7 @@ def test_abort_or_cancel_during_create_deletes_what_was_made() -> None:
 
     async def body() -> None:
         before = {n for n, b in fake.boxes.items() if b.record["status"] != "TERMINATED"}
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider)
         live = {n for n, b in fake.boxes.items() if b.record["status"] != "TERMINATED"}
         assert live - before == set(), "a sandbox made during an aborted create was left behind"
 

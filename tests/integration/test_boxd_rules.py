@@ -14,11 +14,10 @@ import asyncio
 import httpx
 import pytest
 
-from boxwright.abort import AbortController
-from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.errors import UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import boxd_fake, boxd_fake_provider
-from tests.support.cloud_rules import require_fake, run, serve_http
+from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -114,19 +113,7 @@ def test_abort_or_cancel_during_create_deletes_the_machine_after_the_call() -> N
 
     async def body() -> None:
         before = set(fake.vms)
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider)
         assert set(fake.vms) - before == set(), "a machine made during an aborted create was left behind"
 
     run(body)

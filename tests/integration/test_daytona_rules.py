@@ -18,11 +18,10 @@ import urllib.parse
 import httpx
 import pytest
 
-from boxwright.abort import AbortController
-from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.errors import UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import daytona_fake, daytona_fake_provider
-from tests.support.cloud_rules import require_fake, run, serve_http
+from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -124,19 +123,7 @@ def test_abort_or_cancel_during_create_destroys_the_sandbox_and_its_secrets() ->
 
     async def body() -> None:
         before, secrets_before = set(fake.boxes), set(fake.secrets)
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.5, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(env={"BW_SECRET": SECRET}, signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.5)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider, after=0.5, env={"BW_SECRET": SECRET})
         assert set(fake.boxes) - before == set(), "a sandbox made during an aborted create was left behind"
         assert set(fake.secrets) - secrets_before == set(), "a Secret made during an aborted create was left behind"
 

@@ -16,11 +16,10 @@ import urllib.parse
 import httpx
 import pytest
 
-from boxwright.abort import AbortController
-from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.errors import UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import e2b_fake, e2b_fake_provider
-from tests.support.cloud_rules import require_fake, run, serve_http
+from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -120,19 +119,7 @@ def test_abort_or_cancel_during_create_destroys_what_was_made() -> None:
 
     async def body() -> None:
         before = set(fake.boxes)
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider)
         # create returns (raises) only after its clean-up: nothing to wait for.
         assert set(fake.boxes) - before == set(), "a sandbox made during an aborted create was left behind"
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 
 from boxwright.abort import AbortController
-from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.errors import UnsupportedCapabilityError
 from boxwright.providers.railway import RailwayError, railway_sandbox
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import railway_fake, railway_fake_provider
-from tests.support.cloud_rules import require_fake, run
+from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -141,19 +141,7 @@ def test_abort_or_cancel_during_create_destroys_what_was_made() -> None:
 
     async def body() -> None:
         before = set(fake.sandboxes)
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider)
         made = set(fake.sandboxes) - before
         assert len(made) == 2, f"expected the two aborted creates to have reached Railway, got {made}"
         for _ in range(300):  # up to 30 s for the destroys of the late create answers

@@ -16,11 +16,10 @@ import json
 import httpx
 import pytest
 
-from boxwright.abort import AbortController
-from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.errors import UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from tests.support.cloud_providers import sprites_fake, sprites_fake_provider
-from tests.support.cloud_rules import require_fake, run
+from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run
 
 pytestmark = pytest.mark.integration
 
@@ -112,19 +111,7 @@ def test_abort_or_cancel_during_create_destroys_what_was_made() -> None:
 
     async def body() -> None:
         before = set(fake.sprites)
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider)
         assert set(fake.sprites) - before == set(), "a Sprite made during an aborted create was left behind"
 
     run(body)

@@ -16,11 +16,10 @@ import urllib.parse
 import httpx
 import pytest
 
-from boxwright.abort import AbortController
-from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.errors import UnsupportedCapabilityError
 from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, RestoreInput, ResumeInput
 from tests.support.cloud_providers import upstash_box_fake, upstash_box_fake_provider
-from tests.support.cloud_rules import require_fake, run, serve_http
+from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run, serve_http
 from tests.support.secret_scan import secret_pieces
 
 pytestmark = pytest.mark.integration
@@ -126,19 +125,7 @@ def test_abort_or_cancel_during_create_destroys_what_was_made() -> None:
 
     async def body() -> None:
         before = set(fake.boxes)
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider)
         for _ in range(300):  # up to 30 s for the late create answers and their deletes
             if all(fake.boxes[b].status == "deleted" for b in set(fake.boxes) - before):
                 break

@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from boxwright.abort import AbortController
+from boxwright.errors import AbortError
+from boxwright.sandbox import CreateInput
 from tests.support.cloud_providers import fake_problem
 from tests.support.require import missing
 
@@ -47,3 +50,26 @@ async def serve_http(handle: Any, text: str, port: int = 8080) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"the server in the sandbox did not start on port {port}")
+
+
+async def abort_and_cancel_create(
+    fake: Any, provider: Any, *, after: float = 0.3, env: dict[str, str] | None = None
+) -> None:
+    """Abort one create and cancel another, each ``after`` seconds in, while the fake holds its create answer.
+
+    Both raise (``AbortError``, ``CancelledError``) only after their clean-up; the caller then
+    checks the fake for what was left.
+    """
+    fake.create_delay = 1.5
+    try:
+        controller = AbortController()
+        asyncio.get_running_loop().call_later(after, controller.abort, "user cancelled")
+        with pytest.raises(AbortError):
+            await provider.create(CreateInput(env=env, signal=controller.signal))
+        task = asyncio.ensure_future(provider.create())
+        await asyncio.sleep(after)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        fake.create_delay = 0.0
