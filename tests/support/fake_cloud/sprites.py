@@ -63,7 +63,7 @@ class FakeSprites:
     """The fake cloud. ``start()`` serves it; ``api_url`` goes into the SDK's ``base_url``."""
 
     def __init__(self, image: str, *, token: str = "fake-org/1/tok_fake/s3cr3t", page_size: int = 2) -> None:
-        self.cloud = FakeCloud(image, USER, HOME)
+        self.cloud = FakeCloud(image, USER, HOME, recycle=True)  # wipe and pool a destroyed machine
         self.token = token
         self.page_size = page_size
         self.sprites: dict[str, FakeSprite] = {}
@@ -212,9 +212,10 @@ class FakeSprites:
             return sprite
         body = await self._body(request)
         cid = f"v{len(sprite.checkpoints) + 1}"
-        code, _, err = await sprite.machine.run(
-            ["sh", "-c", f"mkdir -p {_CHECKPOINTS} && cp -a {HOME} {_CHECKPOINTS}/{cid}"], user="root", record=False
-        )
+        # Stored under this sprite's name: a pooled machine may hold an earlier sprite's checkpoints.
+        store = f"{_CHECKPOINTS}/{sprite.name}-{cid}"
+        save = f"mkdir -p {_CHECKPOINTS} && rm -rf {store} && cp -a {HOME} {store}"
+        code, _, err = await sprite.machine.run(["sh", "-c", save], user="root", record=False)
         if code != 0:
             return _ndjson({"type": "error", "error": err.decode(errors="replace")})
         sprite.checkpoints.append(
@@ -238,7 +239,8 @@ class FakeSprites:
         if not any(c["id"] == cid for c in sprite.checkpoints):
             return JSONResponse({"error": "checkpoint not found"}, status_code=404)
         # The environment restarts: every process of the sprite's user goes, the overlay is put back.
-        reset = f"pkill -KILL -u {USER}; rm -rf {HOME} && cp -a {_CHECKPOINTS}/{cid} {HOME} && chown -R {USER} {HOME}"
+        store = f"{_CHECKPOINTS}/{sprite.name}-{cid}"
+        reset = f"pkill -KILL -u {USER}; rm -rf {HOME} && cp -a {store} {HOME} && chown -R {USER} {HOME}"
         code, _, err = await sprite.machine.run(["sh", "-c", reset], user="root", record=False)
         if code != 0:
             return _ndjson({"type": "error", "error": err.decode(errors="replace")})

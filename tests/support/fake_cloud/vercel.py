@@ -82,7 +82,7 @@ class FakeVercel:
     def __init__(
         self, image: str, *, token: str = "vercel_fake_token", team: str = "team_fake", project: str = "prj_fake"
     ) -> None:
-        self.cloud = FakeCloud(image, USER, HOME)
+        self.cloud = FakeCloud(image, USER, HOME, recycle=True)  # wipe and pool a destroyed machine
         self.token = token
         self.team = team
         self.project = project
