@@ -244,6 +244,20 @@ def register_secret_values(values: Iterable[str]) -> None:
         _recompute()
 
 
+def restore_process_secret_values(values: frozenset[str]) -> None:
+    """Puts back the process-wide set ``process_secret_values()`` returned earlier (for test isolation).
+
+    A service never needs it: its configured secrets stay masked for its life. A test process that builds
+    many services would otherwise mask every earlier one's tokens in every later test.
+    """
+    global _process_values
+    if values == _process_values:
+        return
+    with _values_lock:
+        _process_values = values
+        _recompute()
+
+
 class SecretScope:
     """The secret values of one run: masked by ``redact`` and in logs while the scope is open.
 

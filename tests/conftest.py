@@ -7,6 +7,7 @@ import pathlib
 import secrets
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -37,6 +38,22 @@ if "BOXWRIGHT_TEST_SESSION" not in os.environ or (_worker and os.environ.get("BO
     ]
     _mine = f"boxwright.test-session={os.environ['BOXWRIGHT_TEST_SESSION']}"
     os.environ["BOXWRIGHT_DOCKER_LABELS"] = ",".join([*_others, _mine])
+
+
+@pytest.fixture(autouse=True)
+def _process_secrets_per_test() -> Iterator[None]:
+    """The process-wide secret values a test registered (an in-process coordinator's tokens) end with it.
+
+    A service registers its configured secrets once for its life; a worker that builds hundreds of apps
+    would otherwise mask every test's tokens in every later test: a later run's text deltas are then
+    held back at a character that happens to begin an earlier test's hex token, and an exact list of
+    deltas differs from run to run with the order the files ran in.
+    """
+    from boxwright import secrets as process_secrets
+
+    before = process_secrets.process_secret_values()
+    yield
+    process_secrets.restore_process_secret_values(before)
 
 
 def _docker_leftovers() -> tuple[list[str], list[str]]:
