@@ -114,25 +114,31 @@ def _types(events: list[Event]) -> list[str]:
     return [e.type for e in events]
 
 
-def _no_agent_left(claude_bin: str, settle: float = 3.0) -> list[str]:
-    """Host processes still running the claude binary, after up to ``settle`` s for exits under way."""
+def _no_agent_left(claude_bin: str, home: Path, settle: float = 10.0) -> list[str]:
+    """This test's claude processes still running, after up to ``settle`` s for exits under way."""
     deadline = time.monotonic() + settle
-    while (found := _agent_pids(claude_bin)) and time.monotonic() < deadline:
+    while (found := _agent_pids(claude_bin, home)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return found
 
 
-def _agent_pids(claude_bin: str) -> list[str]:
+def _agent_pids(claude_bin: str, home: Path) -> list[str]:
+    """Host processes running the claude binary with this test's HOME.
+
+    Other xdist workers run claude at the same time: only the HOME each test gives its agent tells them apart.
+    """
     real = os.path.realpath(claude_bin)
+    mark = b"\0HOME=" + os.fsencode(home) + b"\0"
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 exe = os.path.realpath(f"/proc/{pid}/exe")
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
             except OSError:
                 continue
-            if exe == real and state != "Z":
+            if exe == real and state != "Z" and mark in environ:
                 found.append(pid)
     return found
 
@@ -199,7 +205,7 @@ def test_real_claude_edits_a_cloned_repo_and_the_run_streams_back(
     # The model got the tool's result back.
     second = model.model_requests()[-1].body
     assert "tool_result" in str(second["messages"])
-    assert _no_agent_left(claude_bin) == []
+    assert _no_agent_left(claude_bin, home) == []
 
 
 @pytest.mark.parametrize("kind", PROVIDERS)
@@ -226,7 +232,7 @@ def test_model_api_failure_ends_with_one_run_error(
     errors = [e for e in events if isinstance(e, RunErrorEvent)]
     assert len(errors) == 1 and events[-1] is errors[0], _types(events)
     assert "500" in errors[0].message and "RUN_FINISHED" not in _types(events)
-    assert _no_agent_left(claude_bin) == []
+    assert _no_agent_left(claude_bin, home) == []
 
 
 def test_missing_claude_binary_ends_with_one_run_error(tmp_path: Path, model: FakeModelServer) -> None:
@@ -273,7 +279,7 @@ def test_cancelled_run_ends_with_one_run_error_and_kills_the_agent(
     assert types[0] == "RUN_STARTED" and types[-1] == "RUN_ERROR" and types.count("RUN_ERROR") == 1, types
     error = events[-1]
     assert isinstance(error, RunErrorEvent) and error.code == "cancelled" and "cancel" in error.message
-    assert _no_agent_left(claude_bin) == []
+    assert _no_agent_left(claude_bin, home) == []
     leftover = [p for p in os.listdir(base)] if base.exists() else []
     assert leftover == [], "a cancelled run destroys its sandbox"
     sleeps = subprocess.run(["pgrep", "-f", "^sleep 600$"], capture_output=True, text=True).stdout.split()
@@ -304,14 +310,14 @@ def test_a_consumer_that_stops_reading_kills_the_agent_and_destroys_the_sandbox(
 
         task = asyncio.ensure_future(consume())
         await asyncio.to_thread(model.wait_for_request, None, 30)  # the agent is up and waiting on the model
-        assert _agent_pids(claude_bin) != []
+        assert _agent_pids(claude_bin, home) != []
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert isinstance(seen[0], RunStartedEvent)
 
     asyncio.run(main())
-    assert _no_agent_left(claude_bin) == []
+    assert _no_agent_left(claude_bin, home) == []
     assert not base.exists() or os.listdir(base) == []
 
 
