@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import re
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
 from ..abort import AbortSignal
-from ..errors import SandboxCommandError, UnsupportedCapabilityError
+from ..errors import AbortError, SandboxCommandError, UnsupportedCapabilityError
 from ..sandbox import (
     WORKSPACE,
     DestroyInput,
@@ -103,6 +105,81 @@ class Reapable(Protocol):
 
 def owned(sandbox_id: str, labels: Mapping[str, str]) -> OwnedSandbox:
     return OwnedSandbox(id=sandbox_id, lease_expires=lease_expiry(labels.get(LABEL_LEASE)))
+
+
+def vm_name(key: str | None, limit: int = 63) -> str:
+    """A vendor name for a sandbox key: ``bw-`` and the key's lowercase letters, digits and single hyphens.
+
+    No key gives a random name. ``limit`` is the vendor's longest name (63: a DNS label).
+    """
+    if not key:
+        return f"bw-{uuid.uuid4().hex[:16]}"
+    name = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", key.lower())).strip("-")
+    return f"bw-{name}"[:limit].rstrip("-")
+
+
+def env_line(values: Mapping[str, str]) -> bytes:
+    """A loader's stdin: ``export K='v'`` lines, base64 on one line (keys checked, values quoted).
+
+    For a vendor whose per-command env would travel where logs keep it (a URL's query): the
+    command's stdin carries it instead, and ``eval`` of the decoded line exports it.
+    """
+    lines = []
+    for key, value in values.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"not an environment variable name: {key!r}")
+        lines.append(f"export {key}={quote(value)}")
+    return base64.b64encode("\n".join(lines).encode()) + b"\n"
+
+
+H = TypeVar("H")
+# How long a failed create waits for the vendor's create call to answer before it deletes the sandbox.
+CREATE_ANSWER = 120.0
+
+
+async def abortable_create(
+    creating: Awaitable[Any],
+    signal: AbortSignal | None,
+    ready: Callable[[Any], Awaitable[H]],
+    delete: Callable[[], Awaitable[None]],
+) -> H:
+    """A create that leaves no sandbox behind when it is aborted, cancelled or fails.
+
+    ``creating`` is the vendor's create call; an abort before it answers raises at once. ``ready``
+    turns its answer into the handle (and prepares it); an abort by then raises too. On any
+    failure ``delete`` runs once the create call answered (the sandbox may exist by then).
+    """
+    created = asyncio.ensure_future(creating)
+    aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
+    try:
+        waiting: set[asyncio.Future[Any]] = {created} if aborted is None else {created, aborted}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if aborted is not None and aborted.done() and not created.done():
+            raise AbortError(signal.reason if signal is not None else None)
+        handle = await ready(await created)
+        if signal is not None:
+            signal.throw_if_aborted()
+        return handle
+    except BaseException:
+        await asyncio.shield(_delete_created(created, delete))
+        raise
+    finally:
+        if aborted is not None:
+            aborted.cancel()
+
+
+async def _delete_created(created: asyncio.Future[Any], delete: Callable[[], Awaitable[None]]) -> None:
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(asyncio.shield(created), CREATE_ANSWER)
+    with contextlib.suppress(Exception):
+        await delete()
+
+
+async def make_workdir(plain: Callable[[str], Awaitable[ExecResult]], workdir: str) -> None:
+    """Create the workdir in a new sandbox (a helper command); a failure is the create's."""
+    made = await plain(script("create", 'mkdir -p -- "$1"', workdir))
+    if made.exit_code != 0:
+        raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
 
 
 def map_path(path: str, workdir: str) -> str:

@@ -33,19 +33,16 @@ Seed and spec §2.5, point by point:
 from __future__ import annotations
 
 import asyncio
-import base64
 import codecs
 import contextlib
 import io
 import os
-import re
 import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import (
-    AbortError,
     ProviderUnavailableError,
     SandboxCommandError,
     SandboxNotFoundError,
@@ -62,27 +59,30 @@ from ..sandbox import (
     SandboxChannel,
     SnapshotRef,
 )
-from ..shell import quote
 from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
     DEFAULT_LEASE,
-    KILL_SCRIPT,
     LABEL_MANAGED,
     LABEL_OWNER,
-    NO_PID,
-    SURVIVED,
     WRAPPER,
+    GroupProcess,
+    NoStdin,
     OwnedSandbox,
+    ProcessSet,
     ShellFs,
     TextChannel,
+    abortable_create,
     channel,
     check_port,
-    collect,
+    env_line,
+    exec_result,
+    make_workdir,
     map_path,
     owned,
     owner_id,
     ownership,
     script,
+    vm_name,
 )
 
 NAME = "sprites"
@@ -95,7 +95,6 @@ INSTALL_HELP = "pip install 'boxwright[sprites]'"
 KEY_HELP = (
     f"set {API_KEY_ENV} (org/projectNumber/tokenId/secret, from sprites.dev) or pass sprites_sandbox(api_key=...)"
 )
-_KILL_CONFIRM = 10.0
 _RESTORE_WAIT = 600.0
 
 # Reads one base64 line of `export K='v'` statements from stdin (values never in argv or the URL),
@@ -130,23 +129,6 @@ def _capabilities() -> Capabilities:
     )
 
 
-def env_line(values: Mapping[str, str]) -> bytes:
-    """The loader's input: ``export K='v'`` lines, base64 on one line (keys checked, values quoted)."""
-    lines = []
-    for key, value in values.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ValueError(f"not an environment variable name: {key!r}")
-        lines.append(f"export {key}={quote(value)}")
-    return base64.b64encode("\n".join(lines).encode()) + b"\n"
-
-
-def sprite_name(key: str | None) -> str:
-    if not key:
-        return f"bw-{uuid.uuid4().hex[:16]}"
-    name = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", key.lower())).strip("-")
-    return f"bw-{name}"[:63].rstrip("-")
-
-
 class _Sink:
     """The SDK's stdout/stderr sink (``write(bytes)``), decoding incrementally into a text stream."""
 
@@ -162,37 +144,21 @@ class _Sink:
         self.stream.feed(self._decoder.decode(b"", final=True))
 
 
-class _Stdin:
-    """No writable stdin on Sprites (seed): writes raise, ``end`` is a no-op."""
-
-    async def write(self, data: str | bytes) -> None:
-        raise UnsupportedCapabilityError(NAME, "writable_stdin", "pass input as a file the command reads")
-
-    async def end(self) -> None:
-        return None
-
-
-class SpritesProcess:
+class SpritesProcess(GroupProcess):
     """``SpawnHandle`` over one exec session; ``kill`` signals the recorded group inside the Sprite."""
 
     def __init__(self, handle: SpritesHandle, command: Any, pid_file: str) -> None:
+        super().__init__(handle, pid_file)
         self._handle = handle
-        self.pid = -1  # the group id lives in the Sprite's pid file; the session reports none
+        # pid -1: the group id lives in the Sprite's pid file; the session reports none
         self.stdout = TextChannel()
         self.stderr = TextChannel()
-        self.stdin = _Stdin()
+        self.stdin = NoStdin(NAME)  # seed: stdin carries the env line only
         self._out = _Sink(self.stdout)
         self._err = _Sink(self.stderr)
         command.stdout, command.stderr = self._out, self._err
         self._command = command
-        self._pid_file = pid_file
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Task[int] = asyncio.ensure_future(self._run())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(self._run())
 
     async def _run(self) -> int:
         sprites = _sdk()
@@ -213,39 +179,11 @@ class SpritesProcess:
             self.stdout.close()
             self.stderr.close()
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
 
-    def kill_soon(self) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill())
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon())
-
-    async def _do_kill(self) -> None:
-        if self.exited:
-            return
-        try:
-            result = await self._handle.plain(script("kill", KILL_SCRIPT, self._pid_file, "TERM"))
-        except Exception as exc:  # a gone Sprite: its processes went with it
-            if not self.exited:
-                self._handle.warn("could not run the kill script", {"error": repr(exc)})
-            result = None
-        if result is not None:
-            if SURVIVED in result.stderr:
-                self._handle.warn("processes survived SIGKILL", {"pidFile": self._pid_file})
-            elif NO_PID in result.stderr and not self.exited:
-                self._handle.warn("the process recorded no pid; it may still run", {"pidFile": self._pid_file})
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
-
-
-class SpritesProcesses:
+class SpritesProcesses(ProcessSet[SpritesProcess]):
     def __init__(self, handle: SpritesHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[SpritesProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> SpritesProcess:
         opts = opts or ProcessOptions()
@@ -264,31 +202,10 @@ class SpritesProcesses:
             cwd=map_path(opts.cwd or "", handle.workdir),
             stdin=io.BytesIO(env_line(values)),
         )
-        process = SpritesProcess(handle, cmd, pid_file)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(SpritesProcess(handle, cmd, pid_file), opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        process = await self.spawn(command, opts)
-        try:
-            out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
+        return await exec_result(await self.spawn(command, opts))
 
 
 class SpritesFs(ShellFs):
@@ -492,42 +409,21 @@ class SpritesProvider:
             )
         sprites = _sdk()
         client = self.client()
-        name = sprite_name(input.id)
+        name = vm_name(input.id)
         config = None
         if self.ram_mb is not None or self.cpus is not None or self.region is not None:
             config = sprites.SpriteConfig(ram_mb=self.ram_mb, cpus=self.cpus, region=self.region)
-        creating = asyncio.ensure_future(
-            client.create_sprite(
-                name, config=config, url_settings=sprites.URLSettings(auth="sprite"), labels=self._labels(input.id)
-            )
+        creating = client.create_sprite(
+            name, config=config, url_settings=sprites.URLSettings(auth="sprite"), labels=self._labels(input.id)
         )
-        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
-        try:
-            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if aborted is not None and aborted.done() and not creating.done():
-                raise AbortError(signal.reason if signal is not None else None)
-            made = await creating
-            handle = SpritesHandle(self, str(made.name), input.env)
-            done = await handle.plain(script("create", 'mkdir -p -- "$1"', self.workdir))
-            if done.exit_code != 0:
-                raise SandboxCommandError("create", done.exit_code, done.stderr.strip())
-            if signal is not None:
-                signal.throw_if_aborted()
-            return handle
-        except BaseException:
-            # The Sprite is destroyed once the current call answered (it may exist by then).
-            await asyncio.shield(self._clean_up_create(creating, name))
-            raise
-        finally:
-            if aborted is not None:
-                aborted.cancel()
 
-    async def _clean_up_create(self, creating: asyncio.Future[Any], name: str) -> None:
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(creating), 120)
-        with contextlib.suppress(Exception):
-            await self.destroy(DestroyInput(id=name))
+        async def ready(made: Any) -> SpritesHandle:
+            handle = SpritesHandle(self, str(made.name), input.env)
+            await make_workdir(handle.plain, self.workdir)
+            return handle
+
+        # The Sprite is destroyed once the current call answered (it may exist by then).
+        return await abortable_create(creating, signal, ready, lambda: self.destroy(DestroyInput(id=name)))
 
     async def resume(self, input: ResumeInput) -> SpritesHandle | None:
         sprites = _sdk()

@@ -38,14 +38,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from ..errors import (
-    AbortError,
     ProviderUnavailableError,
     SandboxCommandError,
     SandboxNotFoundError,
@@ -65,23 +63,25 @@ from ..sandbox import (
 from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
     DEFAULT_LEASE,
-    KILL_SCRIPT,
     LABEL_MANAGED,
     LABEL_OWNER,
-    NO_PID,
-    SURVIVED,
     WRAPPER,
+    GroupProcess,
+    NoStdin,
     OwnedSandbox,
+    ProcessSet,
     ShellFs,
     TextChannel,
+    abortable_create,
     channel,
     check_port,
-    collect,
+    exec_result,
+    make_workdir,
     map_path,
     owned,
     owner_id,
     ownership,
-    script,
+    vm_name,
 )
 
 NAME = "vercel"
@@ -94,7 +94,6 @@ KEY_HELP = (
     f"set {TOKEN_ENV}, {TEAM_ENV} and {PROJECT_ENV} (vercel.com account settings) or pass "
     "vercel_sandbox(token=..., team_id=..., project_id=...)"
 )
-_KILL_CONFIRM = 10.0
 
 # $1 the WRAPPER, $2 its pid file, $3 the command: the wrapper leads a new group (a background job
 # of a non-interactive sh is no group leader, so setsid does not fork) and records it in $2;
@@ -126,49 +125,26 @@ def _capabilities() -> Capabilities:
     )
 
 
-def sandbox_name(key: str | None) -> str:
-    if not key:
-        return f"bw-{uuid.uuid4().hex[:16]}"
-    name = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", key.lower())).strip("-")
-    return f"bw-{name}"[:63].rstrip("-")
-
-
 def _gone(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) in (404, 410)
 
 
-class _Stdin:
-    """No writable stdin on Vercel (seed): writes raise, ``end`` is a no-op."""
-
-    async def write(self, data: str | bytes) -> None:
-        raise UnsupportedCapabilityError(NAME, "writable_stdin", "pass input as a file the command reads")
-
-    async def end(self) -> None:
-        return None
-
-
-class VercelProcess:
-    """``SpawnHandle`` over one detached command; ``kill`` is the SDK's server-side kill."""
+class VercelProcess(GroupProcess):
+    """``SpawnHandle`` over one detached command: the group kill in the sandbox, then the SDK's server-side kill."""
 
     def __init__(self, handle: VercelHandle, command: Any, pid_file: str | None) -> None:
+        super().__init__(handle, pid_file)
         self._handle = handle
         self._command = command
-        self._pid_file = pid_file
-        self.pid = -1  # Vercel reports a command id, not a pid
+        # pid -1: Vercel reports a command id, not a pid
         self.stdout = TextChannel()
         self.stderr = TextChannel()
-        self.stdin = _Stdin()
+        self.stdin = NoStdin(NAME)  # seed
         self._pumps = [
             asyncio.ensure_future(self._pump(command.stdout, self.stdout)),
             asyncio.ensure_future(self._pump(command.stderr, self.stderr)),
         ]
-        self._kill: asyncio.Task[None] | None = None
-        self._exit: asyncio.Task[int] = asyncio.ensure_future(self._wait())
-        self._exit.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    @property
-    def exited(self) -> bool:
-        return self._exit.done()
+        self.watch(self._wait())
 
     async def _pump(self, reader: Any, into: TextChannel) -> None:
         import anyio
@@ -200,50 +176,27 @@ class VercelProcess:
         await asyncio.gather(*self._pumps, return_exceptions=True)
         return code
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    def kill_soon(self) -> asyncio.Task[None]:
-        if self._kill is None:
-            self._kill = asyncio.ensure_future(self._do_kill())
-        return self._kill
-
-    async def kill(self, sig: int | None = None) -> None:
-        await asyncio.shield(self.kill_soon())
-
-    async def _do_kill(self) -> None:
-        if self.exited:
-            return
+    async def _do_kill(self, sig: int | None) -> None:
         if self._pid_file is not None:
-            try:
-                result = await self._handle.plain(script("kill", KILL_SCRIPT, self._pid_file, "TERM"))
-            except Exception as exc:  # a gone sandbox: its processes went with it
-                if not self.exited:
-                    self._handle.warn("could not run the kill script", {"error": repr(exc)})
-            else:
-                if SURVIVED in result.stderr:
-                    self._handle.warn("processes survived SIGKILL", {"pidFile": self._pid_file})
-                elif NO_PID in result.stderr and not self.exited:
-                    self._handle.warn("the process recorded no pid; it may still run", {"pidFile": self._pid_file})
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
-        if self.exited:
-            return
+            await super()._do_kill(sig)  # the group kill; after_kill when no exit came
+        elif not self.exited:
+            await self.after_kill()  # a helper command leads no recorded group
+
+    async def after_kill(self) -> None:
         try:
             await self._command.kill()  # the server-side kill, what is left to try
         except Exception as exc:
             if not self.exited and not _gone(exc):
                 self._handle.warn("the server-side kill failed", {"error": repr(exc)})
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._exit), _KILL_CONFIRM)
+        await self.confirm_exit()
         if not self.exited:
             self._handle.warn("the killed command did not end; a child of it may still run", {})
 
 
-class VercelProcesses:
+class VercelProcesses(ProcessSet[VercelProcess]):
     def __init__(self, handle: VercelHandle) -> None:
+        super().__init__()
         self._handle = handle
-        self.live: set[VercelProcess] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None, *, plain: bool = False) -> VercelProcess:
         opts = opts or ProcessOptions()
@@ -263,34 +216,10 @@ class VercelProcesses:
             if isinstance(exc, _sdk().SandboxApiError):  # refused to start (a missing cwd, ...)
                 raise SandboxCommandError("spawn", -1, f"Vercel refused the command: {exc}") from exc
             raise
-        process = VercelProcess(handle, made, pid_file)
-        self.live.add(process)
-        process._exit.add_done_callback(lambda _: self.live.discard(process))
-        if opts.signal is not None:
-
-            def on_abort(_reason: object) -> None:
-                process.kill_soon()
-
-            remove = opts.signal.add_listener(on_abort)
-            process._exit.add_done_callback(lambda _: remove())
-        return process
+        return self.track(VercelProcess(handle, made, pid_file), opts.signal)
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        return await self._run(command, opts, plain=False)
-
-    async def _run(self, command: str, opts: ProcessOptions | None, *, plain: bool) -> ExecResult:
-        process = await self.spawn(command, opts, plain=plain)
-        try:
-            out, err, code = await asyncio.gather(collect(process.stdout), collect(process.stderr), process.wait())
-        except asyncio.CancelledError:
-            await process.kill()
-            raise
-        return ExecResult(stdout=out, stderr=err, exit_code=code)
-
-    async def kill_all(self) -> None:
-        live = list(self.live)
-        if live:
-            await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
+        return await exec_result(await self.spawn(command, opts))
 
 
 class VercelPorts:
@@ -330,7 +259,7 @@ class VercelHandle:
 
     async def plain(self, line: str) -> ExecResult:
         """A helper command (fs op): no handle env (its values stay off helper commands)."""
-        return await self.process._run(line, None, plain=True)
+        return await exec_result(await self.process.spawn(line, plain=True))
 
     async def snapshot(self, label: str | None = None) -> SnapshotRef:
         raise UnsupportedCapabilityError(NAME, "snapshots", "boxwright keeps Vercel sandboxes by persistence")
@@ -439,7 +368,7 @@ class VercelProvider:
                 NAME, "network_policy", "boxwright does not set a Vercel sandbox's egress; leave the network unset"
             )
         sdk = _sdk()
-        name = sandbox_name(input.id)
+        name = vm_name(input.id)
         kwargs: dict[str, Any] = {
             "name": name,
             "ports": self.ports or None,
@@ -454,33 +383,14 @@ class VercelProvider:
             kwargs["image"] = self.image
         with self._bound():
             operation = sdk.create_sandbox(**kwargs)
-        creating = asyncio.ensure_future(operation)
-        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
-        try:
-            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if aborted is not None and aborted.done() and not creating.done():
-                raise AbortError(signal.reason if signal is not None else None)
-            handle = VercelHandle(self, await creating, input.env)
-            made = await handle.plain(script("create", 'mkdir -p -- "$1"', self.workdir))
-            if made.exit_code != 0:
-                raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
-            if signal is not None:
-                signal.throw_if_aborted()
-            return handle
-        except BaseException:
-            # The sandbox is deleted once the create call answered (it may exist by then).
-            await asyncio.shield(self._clean_up_create(creating, name))
-            raise
-        finally:
-            if aborted is not None:
-                aborted.cancel()
 
-    async def _clean_up_create(self, creating: asyncio.Future[Any], name: str) -> None:
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(creating), 120)
-        with contextlib.suppress(Exception):
-            await self.destroy(DestroyInput(id=name))
+        async def ready(sandbox: Any) -> VercelHandle:
+            handle = VercelHandle(self, sandbox, input.env)
+            await make_workdir(handle.plain, self.workdir)
+            return handle
+
+        # The sandbox is deleted once the create call answered (it may exist by then).
+        return await abortable_create(operation, signal, ready, lambda: self.destroy(DestroyInput(id=name)))
 
     async def resume(self, input: ResumeInput) -> VercelHandle | None:
         sdk = _sdk()
