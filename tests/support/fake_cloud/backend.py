@@ -24,10 +24,10 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from .agent import SOURCE as AGENT
 
@@ -514,6 +514,57 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+class FakeService:
+    """What every fake cloud shares: its server's start and stop, and the command log tests scan.
+
+    A fake sets ``cloud``, ``server`` and ``_gone`` (the destroyed machines, whose commands are
+    still scanned for secrets) and, where the cloud's own list is not the live one, ``machines()``.
+    """
+
+    cloud: FakeCloud
+    server: ServerThread
+    _gone: list[Machine]
+
+    def start(self) -> Self:
+        self.server.start()
+        return self
+
+    def close(self) -> None:
+        self.server.stop()
+        self.cloud.cleanup()
+
+    def machines(self) -> list[Machine]:
+        return list(self.cloud.machines.values())
+
+    def commands(self) -> list[str]:
+        """Every command line the sandboxes were asked to run, across all of them (gone ones too)."""
+        return [" ".join(c.argv) for m in self.machines() + self._gone for c in m.commands]
+
+
+Proxy = Callable[[dict[str, Any], Any, Any, str, dict[str, str]], Awaitable[None]]
+
+
+def vendor_front(
+    api: Any, domain: str, proxy: Proxy, requests: list[tuple[str, str]], *, query: bool = True
+) -> Callable[[dict[str, Any], Any, Any], Awaitable[None]]:
+    """The ASGI app in front of a fake's API: ``Host: <x>.<domain>`` (port dropped) goes to ``proxy``
+    (preview traffic), the rest is recorded in ``requests`` (method, path and, with ``query``,
+    its query: tests scan these for secrets) and served by ``api``."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        host = headers.get("host", "").split(":")[0]
+        if scope["type"] == "http" and host.endswith("." + domain):
+            await proxy(scope, receive, send, host, headers)
+            return
+        if scope["type"] in ("http", "websocket"):
+            text = scope.get("query_string", b"").decode() if query else ""
+            requests.append((scope.get("method", "WS"), scope["path"] + ("?" + text if text else "")))
+        await api(scope, receive, send)
+
+    return app
 
 
 # Not forwarded either way: they describe one hop, not the request (RFC 9110 §7.6.1), and the

@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .backend import FakeCloud, Machine, Process, ServerThread
+from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, vendor_front
 
 USER = "sprite"
 HOME = "/home/sprite"
@@ -59,7 +59,7 @@ class FakeSprite:
     created_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
-class FakeSprites:
+class FakeSprites(FakeService):
     """The fake cloud. ``start()`` serves it; ``api_url`` goes into the SDK's ``base_url``."""
 
     def __init__(self, image: str, *, token: str = "fake-org/1/tok_fake/s3cr3t", page_size: int = 2) -> None:
@@ -73,21 +73,12 @@ class FakeSprites:
         self._gone: list[Machine] = []
         self.server = ServerThread(self._app())
 
-    def start(self) -> FakeSprites:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def api_url(self) -> str:
         return self.server.url
 
-    def commands(self) -> list[str]:
-        machines = [s.machine for s in self.sprites.values()] + self._gone
-        return [" ".join(c.argv) for m in machines for c in m.commands]
+    def machines(self) -> list[Machine]:
+        return [s.machine for s in self.sprites.values()]
 
     # -- the app ---------------------------------------------------------------------------------
 
@@ -105,19 +96,7 @@ class FakeSprites:
                 WebSocketRoute("/v1/sprites/{name}/exec", self.exec),
             ]
         )
-
-        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-            host = headers.get("host", "").split(":")[0]
-            if scope["type"] == "http" and host.endswith("." + DOMAIN):
-                await self.proxy(scope, receive, send, host, headers)
-                return
-            if scope["type"] in ("http", "websocket"):
-                query = scope.get("query_string", b"").decode()
-                self.requests.append((scope.get("method", "WS"), scope["path"] + ("?" + query if query else "")))
-            await api(scope, receive, send)
-
-        return app
+        return vendor_front(api, DOMAIN, self.proxy, self.requests)
 
     def _authorized(self, headers: Any) -> bool:
         return bool(headers.get("authorization") == f"Bearer {self.token}")

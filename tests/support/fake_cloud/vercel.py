@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .backend import FakeCloud, Machine, Process, ServerThread
+from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, vendor_front
 
 USER = "vercel-sandbox"
 HOME = "/vercel/sandbox"
@@ -76,7 +76,7 @@ class FakeSandbox:
     created_at: int = field(default_factory=lambda: int(time.time() * 1000))
 
 
-class FakeVercel:
+class FakeVercel(FakeService):
     """The fake cloud. ``start()`` serves it; ``api_url`` goes into the SDK's ``base_url``."""
 
     def __init__(
@@ -97,21 +97,12 @@ class FakeVercel:
         self._loop: asyncio.AbstractEventLoop | None = None  # the server's, seen on the first create
         self.server = ServerThread(self._app())
 
-    def start(self) -> FakeVercel:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def api_url(self) -> str:
         return self.server.url
 
-    def commands(self) -> list[str]:
-        machines = [s.machine for s in self.sandboxes.values()] + self._gone
-        return [" ".join(c.argv) for m in machines for c in m.commands]
+    def machines(self) -> list[Machine]:
+        return [s.machine for s in self.sandboxes.values()]
 
     # -- the app ---------------------------------------------------------------------------------
 
@@ -128,19 +119,7 @@ class FakeVercel:
                 Route("/v2/sandboxes/sessions/{sid}/cmd/{cid}/kill", self.kill, methods=["POST"]),
             ]
         )
-
-        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-            host = headers.get("host", "").split(":")[0]
-            if scope["type"] == "http" and host.endswith("." + DOMAIN):
-                await self.proxy(scope, receive, send, host)
-                return
-            if scope["type"] == "http":
-                query = scope.get("query_string", b"").decode()
-                self.requests.append((scope["method"], scope["path"] + ("?" + query if query else "")))
-            await api(scope, receive, send)
-
-        return app
+        return vendor_front(api, DOMAIN, self.proxy, self.requests)
 
     def _denied(self, request: Request) -> Response | None:
         if request.headers.get("authorization") != f"Bearer {self.token}":
@@ -392,7 +371,7 @@ class FakeVercel:
 
     # -- exposed ports -----------------------------------------------------------------------------
 
-    async def proxy(self, scope: dict[str, Any], receive: Any, send: Any, host: str) -> None:
+    async def proxy(self, scope: dict[str, Any], receive: Any, send: Any, host: str, headers: dict[str, str]) -> None:
         sub = host.removesuffix("." + DOMAIN)
         box, port = next(((b, p) for b in self.sandboxes.values() for p, s in b.routes.items() if s == sub), (None, 0))
         if box is None:
