@@ -10,16 +10,22 @@ ownership labels across pages.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
 import pytest
 
 from boxwright.errors import UnsupportedCapabilityError
-from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
+from boxwright.sandbox import CreateInput, ProcessOptions, ResumeInput
 from tests.support.cloud_providers import sprites_fake, sprites_fake_provider
-from tests.support.cloud_rules import abort_and_cancel_create, require_fake, run
+from tests.support.cloud_rules import (
+    abort_and_cancel_create,
+    maps_workspace,
+    refuses_network_deny,
+    require_fake,
+    run,
+    serve_http,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -95,12 +101,7 @@ def test_network_deny_is_refused_not_dropped() -> None:
     provider = sprites_fake_provider()
 
     async def body() -> None:
-        before = set(fake.sprites)
-        for policy in (NetworkPolicy(mode="deny"), NetworkPolicy(mode="deny", allow_hosts=("api.anthropic.com",))):
-            with pytest.raises(UnsupportedCapabilityError) as caught:
-                await provider.create(CreateInput(network=policy))
-            assert caught.value.capability == "network_policy"
-        assert set(fake.sprites) == before, "a refused create still made a Sprite"
+        await refuses_network_deny(provider, lambda: set(fake.sprites))
 
     run(body)
 
@@ -123,13 +124,7 @@ def test_only_the_http_port_private_until_connect_makes_it_public() -> None:
     async def body() -> None:
         handle = await sprites_fake_provider().create()
         try:
-            await handle.fs.write("/workspace/www/index.html", "hello from a sprite")
-            await handle.process.spawn("cd www && exec python3 -m http.server 8080 --bind 0.0.0.0")
-            probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))'"
-            for _ in range(100):
-                if (await handle.process.exec(probe)).exit_code == 0:
-                    break
-                await asyncio.sleep(0.1)
+            await serve_http(handle, "hello from a sprite")
             host = {"Host": f"{handle.id}.sprites.fake"}
             async with httpx.AsyncClient(base_url=fake.api_url, timeout=20) as client:
                 private = await client.get("/index.html", headers=host)
@@ -148,19 +143,7 @@ def test_only_the_http_port_private_until_connect_makes_it_public() -> None:
 
 
 def test_workspace_maps_to_the_sprite_home() -> None:
-    async def body() -> None:
-        handle = await sprites_fake_provider().create()
-        try:
-            assert handle.workspace_root == "/home/sprite/workspace"
-            assert (await handle.process.exec("pwd")).stdout == "/home/sprite/workspace\n"
-            await handle.fs.write("/workspace/sub/f.txt", "mapped")
-            assert (await handle.process.exec("cat /home/sprite/workspace/sub/f.txt")).stdout == "mapped"
-            listed = await handle.fs.list("/workspace/sub")
-            assert [(e.name, e.path) for e in listed] == [("f.txt", "/workspace/sub/f.txt")]
-        finally:
-            await handle.destroy()
-
-    run(body)
+    run(lambda: maps_workspace(sprites_fake_provider(), "/home/sprite/workspace"))
 
 
 def test_a_checkpoint_restores_in_place_and_there_is_no_restore_snapshot() -> None:

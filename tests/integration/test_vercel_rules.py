@@ -12,31 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
-from boxwright.abort import AbortController
-from boxwright.errors import AbortError, UnsupportedCapabilityError
-from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
-from tests.support.cloud_providers import fake_problem, vercel_fake, vercel_fake_provider
-from tests.support.require import missing
+from boxwright.errors import UnsupportedCapabilityError
+from boxwright.sandbox import CreateInput, ProcessOptions, ResumeInput
+from tests.support.cloud_providers import vercel_fake, vercel_fake_provider
+from tests.support.cloud_rules import (
+    abort_and_cancel_create,
+    maps_workspace,
+    refuses_network_deny,
+    require_fake,
+    run,
+    serve_http,
+)
 
 pytestmark = pytest.mark.integration
 
 SECRET = "bw-secret-v3rce1-do-not-leak"
 
-
-@pytest.fixture(autouse=True)
-def _fake_available() -> None:
-    problem = fake_problem("vercel")
-    if problem is not None:
-        missing(problem)
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 150))
+fake_required = require_fake("vercel")
 
 
 def test_secrets_never_reach_a_command_string_or_the_sandbox_config() -> None:
@@ -106,12 +102,7 @@ def test_network_deny_is_refused_not_dropped() -> None:
     provider = vercel_fake_provider()
 
     async def body() -> None:
-        before = set(fake.sandboxes)
-        for policy in (NetworkPolicy(mode="deny"), NetworkPolicy(mode="deny", allow_hosts=("api.anthropic.com",))):
-            with pytest.raises(UnsupportedCapabilityError) as caught:
-                await provider.create(CreateInput(network=policy))
-            assert caught.value.capability == "network_policy"
-        assert set(fake.sandboxes) == before, "a refused create still made a sandbox"
+        await refuses_network_deny(provider, lambda: set(fake.sandboxes))
 
     run(body)
 
@@ -122,19 +113,7 @@ def test_abort_or_cancel_during_create_deletes_what_was_made() -> None:
 
     async def body() -> None:
         before = set(fake.sandboxes)
-        fake.create_delay = 1.5
-        try:
-            controller = AbortController()
-            asyncio.get_running_loop().call_later(0.3, controller.abort, "user cancelled")
-            with pytest.raises(AbortError):
-                await provider.create(CreateInput(signal=controller.signal))
-            task = asyncio.ensure_future(provider.create())
-            await asyncio.sleep(0.3)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        finally:
-            fake.create_delay = 0.0
+        await abort_and_cancel_create(fake, provider)
         assert set(fake.sandboxes) - before == set(), "a sandbox made during an aborted create was left behind"
 
     run(body)
@@ -146,13 +125,7 @@ def test_declared_ports_have_public_domains_others_raise() -> None:
     async def body() -> None:
         handle = await vercel_fake_provider(ports=[8080]).create()
         try:
-            await handle.fs.write("/workspace/www/index.html", "hello from vercel")
-            await handle.process.spawn("cd www && exec python3 -m http.server 8080 --bind 0.0.0.0")
-            probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))'"
-            for _ in range(100):
-                if (await handle.process.exec(probe)).exit_code == 0:
-                    break
-                await asyncio.sleep(0.1)
+            await serve_http(handle, "hello from vercel")
             with pytest.raises(UnsupportedCapabilityError) as caught:
                 await handle.ports.connect(3000)
             assert "8080" in str(caught.value)
@@ -170,19 +143,7 @@ def test_declared_ports_have_public_domains_others_raise() -> None:
 
 
 def test_workspace_maps_to_vercel_sandbox() -> None:
-    async def body() -> None:
-        handle = await vercel_fake_provider().create()
-        try:
-            assert handle.workspace_root == "/vercel/sandbox"
-            assert (await handle.process.exec("pwd")).stdout == "/vercel/sandbox\n"
-            await handle.fs.write("/workspace/sub/f.txt", "mapped")
-            assert (await handle.process.exec("cat /vercel/sandbox/sub/f.txt")).stdout == "mapped"
-            listed = await handle.fs.list("/workspace/sub")
-            assert [(e.name, e.path) for e in listed] == [("f.txt", "/workspace/sub/f.txt")]
-        finally:
-            await handle.destroy()
-
-    run(body)
+    run(lambda: maps_workspace(vercel_fake_provider(), "/vercel/sandbox"))
 
 
 def test_the_server_side_kill_alone_leaves_a_forked_child() -> None:

@@ -1,5 +1,6 @@
 """The cloud providers' seed-rule tests share this: the fake-or-named-skip fixture, the bounded
-run, and the HTTP server a ports test starts in a sandbox.
+run, the HTTP server a ports test starts in a sandbox, and the checks every provider's rules
+repeat (network deny refused, the abort/cancel during create, the workspace mapping).
 
 Each ``tests/integration/test_<provider>_rules.py`` says ``fake_required = require_fake("e2b")``
 at module level (an autouse fixture: no fake, no SDK or no Docker is a named skip locally and a
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 
 from boxwright.abort import AbortController
-from boxwright.errors import AbortError
-from boxwright.sandbox import CreateInput
+from boxwright.errors import AbortError, UnsupportedCapabilityError
+from boxwright.sandbox import CreateInput, NetworkPolicy
 from tests.support.cloud_providers import fake_problem
 from tests.support.require import missing
 
@@ -73,3 +74,28 @@ async def abort_and_cancel_create(
             await task
     finally:
         fake.create_delay = 0.0
+
+
+async def refuses_network_deny(provider: Any, made: Callable[[], set[str]]) -> None:
+    """A provider with no egress policy refuses deny (with or without a host list), never drops it,
+    and makes nothing for a refused create (``made`` lists the fake's sandboxes)."""
+    before = made()
+    for policy in (NetworkPolicy(mode="deny"), NetworkPolicy(mode="deny", allow_hosts=("api.anthropic.com",))):
+        with pytest.raises(UnsupportedCapabilityError) as caught:
+            await provider.create(CreateInput(network=policy))
+        assert caught.value.capability == "network_policy"
+    assert made() == before, "a refused create still made a sandbox"
+
+
+async def maps_workspace(provider: Any, root: str) -> None:
+    """``/workspace`` is ``root`` in a new sandbox: its cwd, its files, its listings' paths."""
+    handle = await provider.create()
+    try:
+        assert handle.workspace_root == root
+        assert (await handle.process.exec("pwd")).stdout == root + "\n"
+        await handle.fs.write("/workspace/sub/f.txt", "mapped")
+        assert (await handle.process.exec(f"cat {root}/sub/f.txt")).stdout == "mapped"
+        listed = await handle.fs.list("/workspace/sub")
+        assert [(e.name, e.path) for e in listed] == [("f.txt", "/workspace/sub/f.txt")]
+    finally:
+        await handle.destroy()
