@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .backend import FakeCloud, Machine, ServerThread
+from .backend import FakeCloud, FakeService, Machine, ServerThread
 
 
 @dataclass
@@ -56,7 +56,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-class FakeBlaxel:
+class FakeBlaxel(FakeService):
     """The fake cloud. ``start()`` serves it; ``api_url`` goes to the provider, ``api_key``/``workspace`` too."""
 
     def __init__(
@@ -73,24 +73,9 @@ class FakeBlaxel:
         self._gone: list[Machine] = []
         self.server = ServerThread(self._app())
 
-    def start(self) -> FakeBlaxel:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def api_url(self) -> str:
         return self.server.url
-
-    def commands(self) -> list[str]:
-        """Every command line the sandboxes were asked to run, across all sandboxes."""
-        seen: list[str] = []
-        for machine in list(self.cloud.machines.values()) + self._gone:
-            seen.extend(" ".join(c.argv) for c in machine.commands)
-        return seen
 
     # -- the app ---------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .backend import FakeCloud, Machine, ServerThread
+from .backend import FakeCloud, FakeService, Machine, ServerThread
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Box:
     env: dict[str, str] = field(default_factory=dict)
 
 
-class FakeCloudflareWorker:
+class FakeCloudflareWorker(FakeService):
     def __init__(self, image: str, *, token: str = "cf_fake_token") -> None:
         self.cloud = FakeCloud(image, "root", "/root", uid=0)
         self.token = token
@@ -55,23 +55,12 @@ class FakeCloudflareWorker:
             )
         )
 
-    def start(self) -> FakeCloudflareWorker:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def url(self) -> str:
         return self.server.url
 
-    def commands(self) -> list[str]:
-        seen: list[str] = []
-        for machine in [b.machine for b in list(self.boxes.values())] + self._gone:
-            seen.extend(" ".join(c.argv) for c in machine.commands)
-        return seen
+    def machines(self) -> list[Machine]:
+        return [b.machine for b in list(self.boxes.values())]
 
     async def _box(self, request: Request) -> Box | Response:
         self.bodies.append((await request.body()).decode(errors="replace"))

@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from .backend import FakeCloud, Machine, Process, ServerThread, forward, machine_address
+from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, forward, machine_address
 
 PROXY_DOMAIN = "proxy.daytona.fake"
 STDOUT = b"\x01\x01\x01"
@@ -83,7 +83,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"statusCode": status, "message": message, "error": message}, status_code=status)
 
 
-class FakeDaytona:
+class FakeDaytona(FakeService):
     """The fake cloud. ``start()`` serves it; ``api_url`` goes into the SDK's config."""
 
     def __init__(self, image: str, *, api_key: str = "dtn_fake_key", page_size: int = 2) -> None:
@@ -99,22 +99,12 @@ class FakeDaytona:
         self._gone: list[Machine] = []
         self.server = ServerThread(self._app())
 
-    def start(self) -> FakeDaytona:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def api_url(self) -> str:
         return f"{self.server.url}/api"
 
-    def commands(self) -> list[str]:
-        """Every command line a session ran, across all sandboxes (gone ones too)."""
-        machines = [b.machine for b in self.boxes.values()] + self._gone
-        return [" ".join(c.argv) for m in machines for c in m.commands]
+    def machines(self) -> list[Machine]:
+        return [b.machine for b in self.boxes.values()]
 
     # -- the app ---------------------------------------------------------------------------------
 

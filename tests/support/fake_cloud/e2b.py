@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .backend import FakeCloud, Machine, ServerThread, forward, machine_address
+from .backend import FakeCloud, FakeService, Machine, ServerThread, forward, machine_address
 
 ENVD_VERSION = "0.5.8"
 DOMAIN = "e2b.fake"
@@ -74,7 +74,7 @@ def _signal_name(code: int) -> str:
     return {"KILL": "killed", "TERM": "terminated", "INT": "interrupt", "HUP": "hangup"}.get(name, name.lower())
 
 
-class FakeE2B:
+class FakeE2B(FakeService):
     """The fake cloud. ``start()`` serves it; ``api_url``/``envd_url`` go into the SDK's options."""
 
     def __init__(self, image: str, *, api_key: str = "e2b_fake_key", page_size: int = 2) -> None:
@@ -89,14 +89,6 @@ class FakeE2B:
         self.server = ServerThread(self._app())
 
     # -- lifecycle -------------------------------------------------------------------------------
-
-    def start(self) -> FakeE2B:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
 
     @property
     def api_url(self) -> str:

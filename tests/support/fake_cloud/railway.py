@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .backend import FakeCloud, Machine, Process, ServerThread, forward, machine_address
+from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, forward, machine_address
 
 DOMAIN = "up.railway.fake"
 _SIGNALS = {"TERM": 15, "KILL": 9, "INT": 2, "HUP": 1, "QUIT": 3}
@@ -67,7 +67,7 @@ class Sandbox:
     created_at: float = field(default_factory=time.time)
 
 
-class FakeRailway:
+class FakeRailway(FakeService):
     """The fake cloud. ``start()`` serves it; ``endpoint``/``exec_url`` go into the provider's options."""
 
     def __init__(
@@ -96,14 +96,6 @@ class FakeRailway:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> FakeRailway:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def endpoint(self) -> str:
         return f"{self.server.url}/graphql/v2"
@@ -116,10 +108,8 @@ class FakeRailway:
     def url(self) -> str:
         return self.server.url
 
-    def commands(self) -> list[str]:
-        """Every command line the bridge ran, across all sandboxes (tests scan these for secrets)."""
-        machines = [s.machine for s in self.sandboxes.values() if s.machine is not None] + self._gone
-        return [" ".join(c.argv) for m in machines for c in m.commands]
+    def machines(self) -> list[Machine]:
+        return [s.machine for s in self.sandboxes.values() if s.machine is not None]
 
     def expire(self, sandbox_id: str) -> None:
         """What Railway's idle timeout does: the sandbox is destroyed (from the test thread)."""

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from .backend import FakeCloud, Machine, ServerThread
+from .backend import FakeCloud, FakeService, Machine, ServerThread
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLI = os.path.join(HERE, "sbx")
@@ -56,7 +56,7 @@ class Vm:
     argv: list[str] = field(default_factory=list)
 
 
-class FakeSbxDaemon:
+class FakeSbxDaemon(FakeService):
     def __init__(self, image: str) -> None:
         self.cloud = FakeCloud(image, "agent", "/home/agent")
         self.vms: dict[str, Vm] = {}
@@ -70,24 +70,12 @@ class FakeSbxDaemon:
         self._gone: list[Machine] = []
         self.server = ServerThread(Starlette(routes=[Route("/run", self.run, methods=["POST"])]))
 
-    def start(self) -> FakeSbxDaemon:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def env(self) -> dict[str, str]:
         return {URL_ENV: self.server.url, "BOXWRIGHT_FAKE_SBX_PYTHON": sys.executable}
 
-    def commands(self) -> list[str]:
-        """Every command line run inside the VMs."""
-        seen: list[str] = []
-        for machine in [v.machine for v in list(self.vms.values())] + self._gone:
-            seen.extend(" ".join(c.argv) for c in machine.commands)
-        return seen
+    def machines(self) -> list[Machine]:
+        return [v.machine for v in list(self.vms.values())]
 
     async def run(self, request: Request) -> StreamingResponse:
         argv = [str(a) for a in (await request.json())["argv"]]

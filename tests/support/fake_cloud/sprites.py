@@ -33,14 +33,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, vendor_front
+from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, forward, machine_address, vendor_front
 
 USER = "sprite"
 HOME = "/home/sprite"
@@ -285,16 +284,9 @@ class FakeSprites(FakeService):
         if sprite.auth != "public" and headers.get("authorization") != f"Bearer {self.token}":
             await PlainTextResponse("unauthorized", status_code=401)(scope, receive, send)
             return
-        machine = sprite.machine
-        info = await machine.cloud.call(machine.cloud.api.inspect_container, machine.container)
-        address = (info.get("NetworkSettings") or {}).get("IPAddress")
-        async with httpx.AsyncClient(timeout=10) as client:
-            try:
-                upstream = await client.request(scope["method"], f"http://{address}:{HTTP_PORT}{scope['path']}")
-            except httpx.HTTPError as exc:
-                await PlainTextResponse(f"upstream: {exc}", status_code=502)(scope, receive, send)
-                return
-        await Response(upstream.content, status_code=upstream.status_code)(scope, receive, send)
+        await forward(
+            scope, receive, send, f"http://{await machine_address(sprite.machine)}:{HTTP_PORT}{scope['path']}"
+        )
 
 
 def _ndjson(*lines: dict[str, Any]) -> Response:

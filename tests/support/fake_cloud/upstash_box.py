@@ -34,14 +34,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from .backend import FakeCloud, Machine, Process, ServerThread
+from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, forward, machine_address, vendor_front
 
 HOME = "/workspace/home"
 DOMAIN = "box.fake"
@@ -60,7 +59,7 @@ class Box:
     created_at: int = field(default_factory=lambda: int(time.time() * 1000))
 
 
-class FakeUpstashBox:
+class FakeUpstashBox(FakeService):
     """The fake cloud. ``start()`` serves it; ``base_url`` goes into the SDK's options."""
 
     def __init__(self, image: str, *, api_key: str = "box_fake_key") -> None:
@@ -74,21 +73,12 @@ class FakeUpstashBox:
         self._gone: list[Machine] = []
         self.server = ServerThread(self._app())
 
-    def start(self) -> FakeUpstashBox:
-        self.server.start()
-        return self
-
-    def close(self) -> None:
-        self.server.stop()
-        self.cloud.cleanup()
-
     @property
     def base_url(self) -> str:
         return self.server.url
 
-    def commands(self) -> list[str]:
-        machines = [b.machine for b in self.boxes.values()] + self._gone
-        return [" ".join(c.argv) for m in machines for c in m.commands]
+    def machines(self) -> list[Machine]:
+        return [b.machine for b in self.boxes.values()]
 
     # -- the app ---------------------------------------------------------------------------------
 
@@ -110,18 +100,7 @@ class FakeUpstashBox:
                 WebSocketRoute("/v2/box/{id}/exec-session", self.session),
             ]
         )
-
-        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-            host = headers.get("host", "")
-            if scope["type"] == "http" and host.endswith("." + DOMAIN):
-                await self.proxy(scope, receive, send, host, headers)
-                return
-            if scope["type"] in ("http", "websocket"):
-                self.requests.append((scope.get("method", "WS"), scope["path"]))
-            await api(scope, receive, send)
-
-        return app
+        return vendor_front(api, DOMAIN, self.proxy, self.requests, query=False)
 
     def _auth(self, request: Request) -> Response | None:
         if request.headers.get("x-box-api-key") != self.api_key:
@@ -379,13 +358,4 @@ class FakeUpstashBox:
             if given != f"Basic {pair}":
                 await Response("unauthorized", status_code=401)(scope, receive, send)
                 return
-        machine = box.machine
-        info = await machine.cloud.call(machine.cloud.api.inspect_container, machine.container)
-        address = (info.get("NetworkSettings") or {}).get("IPAddress")
-        async with httpx.AsyncClient(timeout=10) as client:
-            try:
-                upstream = await client.request(scope["method"], f"http://{address}:{port_text}{scope['path']}")
-            except httpx.HTTPError as exc:
-                await Response(f"upstream: {exc}", status_code=502)(scope, receive, send)
-                return
-        await Response(upstream.content, status_code=upstream.status_code)(scope, receive, send)
+        await forward(scope, receive, send, f"http://{await machine_address(box.machine)}:{port_text}{scope['path']}")

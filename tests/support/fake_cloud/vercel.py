@@ -35,13 +35,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, vendor_front
+from .backend import FakeCloud, FakeService, Machine, Process, ServerThread, forward, machine_address, vendor_front
 
 USER = "vercel-sandbox"
 HOME = "/vercel/sandbox"
@@ -377,16 +376,7 @@ class FakeVercel(FakeService):
         if box is None:
             await PlainTextResponse("no such route", status_code=404)(scope, receive, send)
             return
-        machine = box.machine
-        info = await machine.cloud.call(machine.cloud.api.inspect_container, machine.container)
-        address = (info.get("NetworkSettings") or {}).get("IPAddress")
-        async with httpx.AsyncClient(timeout=10) as client:
-            try:
-                upstream = await client.request(scope["method"], f"http://{address}:{port}{scope['path']}")
-            except httpx.HTTPError as exc:
-                await PlainTextResponse(f"upstream: {exc}", status_code=502)(scope, receive, send)
-                return
-        await Response(upstream.content, status_code=upstream.status_code)(scope, receive, send)
+        await forward(scope, receive, send, f"http://{await machine_address(box.machine)}:{port}{scope['path']}")
 
 
 def _error(status: int, code: str, message: str) -> Response:
