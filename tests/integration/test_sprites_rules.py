@@ -16,14 +16,18 @@ import httpx
 import pytest
 
 from boxwright.errors import UnsupportedCapabilityError
-from boxwright.sandbox import CreateInput, ProcessOptions, ResumeInput
+from boxwright.sandbox import CreateInput, ResumeInput
 from tests.support.cloud_providers import sprites_fake, sprites_fake_provider
 from tests.support.cloud_rules import (
     abort_and_cancel_create,
+    assert_no_secret_in_commands,
+    gone_resumes_as_none,
     maps_workspace,
     refuses_network_deny,
     require_fake,
+    resume_with_token,
     run,
+    sees_secret_env,
     serve_http,
 )
 
@@ -43,13 +47,7 @@ def test_secrets_never_reach_a_command_a_url_a_body_or_a_checkpoint() -> None:
     async def body() -> None:
         handle = await provider.create(CreateInput(env={"BW_SECRET": SECRET}))
         try:
-            count = await handle.process.exec('printf %s "$BW_SECRET" | wc -c')
-            assert count.stdout.strip() == str(len(SECRET)), count
-            handle.env.set({"BW_SET": SECRET + "-set"})
-            both = await handle.process.exec(
-                'test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', ProcessOptions(env={"BW_CMD": SECRET + "-cmd"})
-            )
-            assert both.stdout == "ok\n", both
+            await sees_secret_env(handle, SECRET)
             await handle.fs.write("/workspace/big.bin", b"x" * 200_000)  # contents over stdin, not the URL
             assert len(await handle.fs.read_bytes("/workspace/big.bin")) == 200_000
             await handle.snapshot("after-secrets")
@@ -61,9 +59,7 @@ def test_secrets_never_reach_a_command_a_url_a_body_or_a_checkpoint() -> None:
             await handle.destroy()
 
     run(body)
-    commands = fake.commands()
-    assert commands, "the fake received no commands"
-    assert [c for c in commands if SECRET in c] == [], "a secret reached a command string"
+    assert_no_secret_in_commands(fake, SECRET)
     urls = [path for _, path in fake.requests[seen[0] :]]
     assert any("/exec?" in u for u in urls), urls[:5]
     assert [u for u in urls if SECRET in u] == [], "a secret reached a request URL"
@@ -80,18 +76,9 @@ def test_gone_and_never_made_resume_as_none_and_auth_failure_raises() -> None:
         resumed = await provider.resume(ResumeInput(id=handle.id))
         assert resumed is not None and resumed.id == handle.id
         assert await resumed.fs.read("/workspace/kept.txt") == "kept"
-        token = fake.token
-        fake.token = "fake-org/1/tok_rotated/other"
-        try:
-            with pytest.raises(Exception) as caught:
-                await provider.resume(ResumeInput(id=handle.id))
-            assert type(caught.value).__name__ == "AuthenticationError", caught.value
-        finally:
-            fake.token = token
-        await handle.destroy()
-        assert await provider.resume(ResumeInput(id=handle.id)) is None
-        assert await provider.resume(ResumeInput(id="bw-never-made-1")) is None
-        await handle.destroy()  # already gone is success
+        refused = await resume_with_token(provider, fake, handle.id, "fake-org/1/tok_rotated/other")
+        assert type(refused).__name__ == "AuthenticationError", refused
+        await gone_resumes_as_none(provider, handle)
 
     run(body)
 

@@ -17,14 +17,18 @@ import httpx
 import pytest
 
 from boxwright.errors import UnsupportedCapabilityError
-from boxwright.sandbox import CreateInput, ProcessOptions, ResumeInput
+from boxwright.sandbox import CreateInput, ResumeInput
 from tests.support.cloud_providers import vercel_fake, vercel_fake_provider
 from tests.support.cloud_rules import (
     abort_and_cancel_create,
+    assert_no_secret_in_commands,
+    gone_resumes_as_none,
     maps_workspace,
     refuses_network_deny,
     require_fake,
+    resume_with_token,
     run,
+    sees_secret_env,
     serve_http,
 )
 
@@ -43,21 +47,13 @@ def test_secrets_never_reach_a_command_string_or_the_sandbox_config() -> None:
     async def body() -> None:
         handle = await provider.create(CreateInput(env={"BW_SECRET": SECRET}))
         try:
-            count = await handle.process.exec('printf %s "$BW_SECRET" | wc -c')
-            assert count.stdout.strip() == str(len(SECRET)), count
-            handle.env.set({"BW_SET": SECRET + "-set"})
-            both = await handle.process.exec(
-                'test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', ProcessOptions(env={"BW_CMD": SECRET + "-cmd"})
-            )
-            assert both.stdout == "ok\n", both
+            await sees_secret_env(handle, SECRET)
             await handle.fs.write("/workspace/f.txt", "plain")  # helper commands carry no handle env
         finally:
             await handle.destroy()
 
     run(body)
-    commands = fake.commands()
-    assert commands, "the fake received no commands"
-    assert [c for c in commands if SECRET in c] == [], "a secret reached a command string"
+    assert_no_secret_in_commands(fake, SECRET)
     bodies = [json.loads(b) for b in fake.bodies[seen:] if b]
     creates = [b for b in bodies if "projectId" in b]
     assert creates and all(SECRET not in json.dumps(b) for b in creates), "a secret reached the sandbox config"
@@ -81,18 +77,9 @@ def test_gone_and_never_made_resume_as_none_stopped_resumes_and_auth_failure_rai
         assert resumed is not None and resumed.id == handle.id
         assert fake.sandboxes[handle.id].session != session, "a resume starts a new session"
         assert await resumed.fs.read("/workspace/kept.txt") == "kept"
-        token = fake.token
-        fake.token = "rotated"
-        try:
-            with pytest.raises(Exception) as caught:
-                await provider.resume(ResumeInput(id=handle.id))
-            assert getattr(caught.value, "status_code", None) == 401, caught.value
-        finally:
-            fake.token = token
-        await handle.destroy()
-        assert await provider.resume(ResumeInput(id=handle.id)) is None
-        assert await provider.resume(ResumeInput(id="bw-never-made-1")) is None
-        await handle.destroy()  # already gone is success
+        refused = await resume_with_token(provider, fake, handle.id, "rotated")
+        assert getattr(refused, "status_code", None) == 401, refused
+        await gone_resumes_as_none(provider, handle)
 
     run(body)
 

@@ -1,6 +1,7 @@
 """The cloud providers' seed-rule tests share this: the fake-or-named-skip fixture, the bounded
 run, the HTTP server a ports test starts in a sandbox, and the checks every provider's rules
-repeat (network deny refused, the abort/cancel during create, the workspace mapping).
+repeat (the secret env reaching commands but no command string, a gone sandbox resuming as None,
+an auth failure raising, network deny refused, the abort/cancel during create, the workspace mapping).
 
 Each ``tests/integration/test_<provider>_rules.py`` says ``fake_required = require_fake("e2b")``
 at module level (an autouse fixture: no fake, no SDK or no Docker is a named skip locally and a
@@ -17,7 +18,7 @@ import pytest
 
 from boxwright.abort import AbortController
 from boxwright.errors import AbortError, UnsupportedCapabilityError
-from boxwright.sandbox import CreateInput, NetworkPolicy
+from boxwright.sandbox import CreateInput, NetworkPolicy, ProcessOptions, ResumeInput
 from tests.support.cloud_providers import fake_problem
 from tests.support.require import missing
 
@@ -99,3 +100,42 @@ async def maps_workspace(provider: Any, root: str) -> None:
         assert [(e.name, e.path) for e in listed] == [("f.txt", "/workspace/sub/f.txt")]
     finally:
         await handle.destroy()
+
+
+async def sees_secret_env(handle: Any, secret: str) -> None:
+    """A command sees the create's ``BW_SECRET`` (``secret``), the handle's ``BW_SET`` and its own ``BW_CMD``."""
+    count = await handle.process.exec('printf %s "$BW_SECRET" | wc -c')
+    assert count.stdout.strip() == str(len(secret)), count
+    handle.env.set({"BW_SET": secret + "-set"})
+    both = await handle.process.exec(
+        'test -n "$BW_SET" && test -n "$BW_CMD" && echo ok', ProcessOptions(env={"BW_CMD": secret + "-cmd"})
+    )
+    assert both.stdout == "ok\n", both
+
+
+def assert_no_secret_in_commands(fake: Any, secret: str) -> None:
+    """The fake ran commands, and ``secret`` is in none of their command lines."""
+    commands = fake.commands()
+    assert commands, "the fake received no commands"
+    assert [c for c in commands if secret in c] == [], "a secret reached a command string"
+
+
+async def resume_with_token(provider: Any, fake: Any, sandbox_id: str, token: str) -> BaseException:
+    """What a resume raises while the fake's ``token`` is another (a rotated key): an auth failure is
+    never "gone" (None). The caller checks it is the vendor's auth error."""
+    kept = fake.token
+    fake.token = token
+    try:
+        with pytest.raises(Exception) as caught:
+            await provider.resume(ResumeInput(id=sandbox_id))
+    finally:
+        fake.token = kept
+    return caught.value
+
+
+async def gone_resumes_as_none(provider: Any, handle: Any) -> None:
+    """Destroy ``handle``: it and a never-made sandbox resume as None, and destroying it again succeeds."""
+    await handle.destroy()
+    assert await provider.resume(ResumeInput(id=handle.id)) is None
+    assert await provider.resume(ResumeInput(id="bw-never-made-1")) is None
+    await handle.destroy()  # already gone is success
