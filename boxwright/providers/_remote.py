@@ -395,6 +395,28 @@ class ProcessSet(Generic[P]):
             await asyncio.gather(*(p.kill(sig) for p in live), return_exceptions=True)
 
 
+class RemoteHandle:
+    """What a cloud handle shares: warnings tagged with its sandbox, and a destroy that kills its processes first.
+
+    The handle sets ``_provider`` (its ``logger`` and ``destroy``), ``id``, ``process`` and
+    ``destroyed``; its processes read ``destroyed`` to tell a destroy's disconnect from a failure.
+    """
+
+    _provider: Any
+    id: str
+    process: ProcessSet[Any]
+    destroyed: bool
+
+    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
+        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
+
+    async def destroy(self) -> None:
+        if not self.destroyed:
+            await self.process.kill_all()
+        self.destroyed = True
+        await self._provider.destroy(DestroyInput(id=self.id))
+
+
 async def exec_result(process: SpawnHandle, *, end_stdin: bool = False) -> ExecResult:
     """``exec`` over a spawned process: its whole output and code; a cancelled caller kills it."""
     try:

@@ -69,6 +69,7 @@ from ._remote import (
     NoStdin,
     OwnedSandbox,
     ProcessSet,
+    RemoteHandle,
     ShellFs,
     TextChannel,
     abortable_create,
@@ -247,8 +248,9 @@ class SpritesPorts:
         return channel(str(updated.url))  # public: anyone with the URL reaches the port
 
 
-class SpritesHandle:
+class SpritesHandle(RemoteHandle):
     provider = NAME
+    process: SpritesProcesses
 
     def __init__(self, provider: SpritesProvider, name: str, env: Mapping[str, str] | None) -> None:
         self._provider = provider
@@ -265,9 +267,6 @@ class SpritesHandle:
         self.git = ExecGit(self.process)
         self.ports = SpritesPorts(self)
         self.destroyed = False
-
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
 
     async def raw(self, line: str, stdin: bytes = b"") -> tuple[int, bytes, bytes]:
         """A helper command (fs op, kill script): no wrapper, no handle env; bytes in and out."""
@@ -321,12 +320,6 @@ class SpritesHandle:
 
     async def fork(self) -> SpritesHandle:
         raise UnsupportedCapabilityError(NAME, "fork", "a Sprite cannot be copied; checkpoints stay with their Sprite")
-
-    async def destroy(self) -> None:
-        if not self.destroyed:
-            await self.process.kill_all()
-        self.destroyed = True
-        await self._provider.destroy(DestroyInput(id=self.id))
 
 
 def _label(comment: str | None) -> str | None:

@@ -70,6 +70,7 @@ from ._remote import (
     NoStdin,
     OwnedSandbox,
     ProcessSet,
+    RemoteHandle,
     ShellFs,
     TextChannel,
     abortable_create,
@@ -237,8 +238,9 @@ class VercelPorts:
         )
 
 
-class VercelHandle:
+class VercelHandle(RemoteHandle):
     provider = NAME
+    process: VercelProcesses
 
     def __init__(self, provider: VercelProvider, sandbox: Any, env: Mapping[str, str] | None) -> None:
         self._provider = provider
@@ -254,9 +256,6 @@ class VercelHandle:
         self.ports = VercelPorts(self)
         self.destroyed = False
 
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
-
     async def plain(self, line: str) -> ExecResult:
         """A helper command (fs op): no handle env (its values stay off helper commands)."""
         return await exec_result(await self.process.spawn(line, plain=True))
@@ -266,12 +265,6 @@ class VercelHandle:
 
     async def fork(self) -> VercelHandle:
         raise UnsupportedCapabilityError(NAME, "fork", "boxwright does not fork Vercel sandboxes")
-
-    async def destroy(self) -> None:
-        if not self.destroyed:
-            await self.process.kill_all()
-        self.destroyed = True
-        await self._provider.destroy(DestroyInput(id=self.id))
 
 
 class VercelProvider:
