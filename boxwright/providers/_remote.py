@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import msgspec
 
@@ -31,6 +31,7 @@ from ..sandbox import (
     FsEntry,
     FsStat,
     NativeWatch,
+    ProcessOptions,
     SandboxChannel,
     SpawnHandle,
 )
@@ -393,6 +394,31 @@ class ProcessSet(Generic[P]):
         live = list(self.live)
         if live:
             await asyncio.gather(*(p.kill(sig) for p in live), return_exceptions=True)
+
+
+class SpawnSet(ProcessSet[P]):
+    """The process API of a handle whose ``exec`` is its ``spawn`` run to the end (``exec_result``).
+
+    A subclass writes ``spawn``; it starts with ``started(opts)``: the options, an aborted signal refused.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        super().__init__()
+        self._handle = handle
+
+    @staticmethod
+    def started(opts: ProcessOptions | None) -> ProcessOptions:
+        opts = opts or ProcessOptions()
+        if opts.signal is not None:
+            opts.signal.throw_if_aborted()
+        return opts
+
+    async def spawn(self, command: str, opts: ProcessOptions | None = None) -> P:
+        raise NotImplementedError
+
+    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
+        # A spawned process is a SpawnHandle too (its streams set in __init__); P's bound says only RemoteProcess.
+        return await exec_result(cast(SpawnHandle, await self.spawn(command, opts)))
 
 
 class RemoteHandle:

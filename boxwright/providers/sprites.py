@@ -68,15 +68,14 @@ from ._remote import (
     GroupProcess,
     NoStdin,
     OwnedSandbox,
-    ProcessSet,
     RemoteHandle,
     ShellFs,
+    SpawnSet,
     TextChannel,
     abortable_create,
     channel,
     check_port,
     env_line,
-    exec_result,
     make_workdir,
     map_path,
     owned,
@@ -181,15 +180,11 @@ class SpritesProcess(GroupProcess):
             self.stderr.close()
 
 
-class SpritesProcesses(ProcessSet[SpritesProcess]):
-    def __init__(self, handle: SpritesHandle) -> None:
-        super().__init__()
-        self._handle = handle
+class SpritesProcesses(SpawnSet[SpritesProcess]):
+    _handle: SpritesHandle
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> SpritesProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         pid_file = f"/dev/shm/.boxwright-sprites-{uuid.uuid4().hex}.pid"
         values = {**handle.env.get(), **(opts.env or {}), "W": WRAPPER}
@@ -204,9 +199,6 @@ class SpritesProcesses(ProcessSet[SpritesProcess]):
             stdin=io.BytesIO(env_line(values)),
         )
         return self.track(SpritesProcess(handle, cmd, pid_file), opts.signal)
-
-    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        return await exec_result(await self.spawn(command, opts))
 
 
 class SpritesFs(ShellFs):

@@ -69,9 +69,9 @@ from ._remote import (
     GroupProcess,
     NoStdin,
     OwnedSandbox,
-    ProcessSet,
     RemoteHandle,
     ShellFs,
+    SpawnSet,
     TextChannel,
     abortable_create,
     channel,
@@ -194,15 +194,11 @@ class VercelProcess(GroupProcess):
             self._handle.warn("the killed command did not end; a child of it may still run", {})
 
 
-class VercelProcesses(ProcessSet[VercelProcess]):
-    def __init__(self, handle: VercelHandle) -> None:
-        super().__init__()
-        self._handle = handle
+class VercelProcesses(SpawnSet[VercelProcess]):
+    _handle: VercelHandle
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None, *, plain: bool = False) -> VercelProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         env = {} if plain else {**handle.env.get(), **(opts.env or {})}
         pid_file = None if plain else f"/dev/shm/.boxwright-vercel-{uuid.uuid4().hex}.pid"
@@ -218,9 +214,6 @@ class VercelProcesses(ProcessSet[VercelProcess]):
                 raise SandboxCommandError("spawn", -1, f"Vercel refused the command: {exc}") from exc
             raise
         return self.track(VercelProcess(handle, made, pid_file), opts.signal)
-
-    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        return await exec_result(await self.spawn(command, opts))
 
 
 class VercelPorts:
