@@ -41,7 +41,6 @@ from .errors import (
     JournalAttachUnavailableError,
     JournalFrameError,
     JournalTruncatedError,
-    ProcessExitedError,
     SandboxCommandError,
 )
 from .ids import check_encodable_run_id, check_run_id, id_problem
@@ -71,9 +70,9 @@ DEFAULT_MAX_DELETES = 200
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "aborted"})
 
 # The journal, its stderr sidecar, the workspace listing taken before the agent started (see
-# ``journal_files_path``), and an interactive agent's inbox and FIFO (``harnesses/relay.py``): one
-# run's files, pruned and removed together.
-JOURNAL_SUFFIXES = (".ndjson", ".err", ".files", ".in", ".fifo")
+# ``journal_files_path``), an interactive agent's inbox and FIFO (``harnesses/relay.py``) and an
+# agent's stdin (``journal_stdin_path``): one run's files, pruned and removed together.
+JOURNAL_SUFFIXES = (".ndjson", ".err", ".files", ".in", ".fifo", ".stdin")
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
 _RESERVED = re.compile(r"(?:CON|PRN|AUX|NUL|COM[1-9]|LPT[1-9])", re.IGNORECASE)
 _HASHED_TAIL = re.compile(rf"-[0-9a-f]{{{TRUNCATION_HASH_LENGTH}}}")
@@ -393,6 +392,11 @@ def journal_inbox_path(paths: JournalPaths) -> str:
     return paths.journal.removesuffix(".ndjson") + ".in"
 
 
+def journal_stdin_path(paths: JournalPaths) -> str:
+    """Where a journaled agent's stdin (its prompt) is kept (private, mode 600) until the journal goes."""
+    return paths.journal.removesuffix(".ndjson") + ".stdin"
+
+
 def journal_fifo_path(paths: JournalPaths) -> str:
     """The FIFO a relayed agent reads its stdin from; its removal asks the relay to stop the agent."""
     return paths.journal.removesuffix(".ndjson") + ".fifo"
@@ -400,7 +404,8 @@ def journal_fifo_path(paths: JournalPaths) -> str:
 
 def journal_cleanup_command(paths: JournalPaths) -> str:
     relay = f" {quote(journal_inbox_path(paths))} {quote(journal_fifo_path(paths))}"
-    return f"rm -f {quote(paths.journal)} {quote(paths.stderr)} {quote(journal_files_path(paths))}" + relay
+    kept = f" {quote(journal_files_path(paths))} {quote(journal_stdin_path(paths))}"
+    return f"rm -f {quote(paths.journal)} {quote(paths.stderr)}" + kept + relay
 
 
 def journal_list_command(dir: str = DEFAULT_JOURNAL_DIR) -> str:
@@ -825,16 +830,33 @@ async def start_journaled_agent(
     """Spawn ``command`` journaled and return at once (its output is read from the journal).
 
     No signal is passed on purpose: a request's disconnect must not kill a durable agent.
-    ``stdin`` is written, then stdin is closed either way.
+    ``stdin`` is kept in a private file next to the journal and the agent reads it from there, not
+    over this host's pipe: a host killed between the spawn and the write would hand the agent an
+    empty stdin (claude exits "Input must be provided"), and its successor a failed run to replay.
     """
-    process = await handle.process.spawn(journaled_command(command, paths), ProcessOptions(cwd=cwd, env=env))
     if stdin is not None:
-        # An agent that never reads its prompt (``echo hi``) may be gone before the write: its exit
-        # is in the journal, where the reader reports it; a refused write is not a failed start.
-        with contextlib.suppress(ProcessExitedError):
-            await process.stdin.write(stdin)
+        await _write_private_stdin(handle, paths, stdin.decode() if isinstance(stdin, bytes) else stdin)
+        command = f"( {command} ) < {quote(journal_stdin_path(paths))}"
+    process = await handle.process.spawn(journaled_command(command, paths), ProcessOptions(cwd=cwd, env=env))
     await process.stdin.end()
     return process
+
+
+# A value per exec's env: well under Linux's 128 KiB limit on one environment string.
+_STDIN_CHUNK_CHARS = 32 * 1024
+
+
+async def _write_private_stdin(handle: SandboxHandle, paths: JournalPaths, text: str) -> None:
+    # Through the shell and env, never argv (a prompt may be long, or quote what a user pasted).
+    target = quote(journal_stdin_path(paths))
+    chunks = [text[i : i + _STDIN_CHUNK_CHARS] for i in range(0, len(text), _STDIN_CHUNK_CHARS)] or [""]
+    for index, chunk in enumerate(chunks):
+        opening = f"{_private_files(paths)} && ( umask 077 && : > {target} ) && " if index == 0 else ""
+        result = await handle.process.exec(
+            f'{opening}printf %s "$BOXWRIGHT_STDIN" >> {target}', ProcessOptions(env={"BOXWRIGHT_STDIN": chunk})
+        )
+        if result.exit_code != 0:
+            raise OSError(f"could not keep the agent's stdin in the sandbox: {result.stderr.strip()[:200]}")
 
 
 # -- attach preflight -----------------------------------------------------------------------------
@@ -1146,6 +1168,7 @@ __all__ = [
     "journal_read_command",
     "journal_read_strategy",
     "journal_stderr_read_command",
+    "journal_stdin_path",
     "journaled_command",
     "parse_exit_sentinel",
     "parse_journal_exit",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -284,13 +285,20 @@ def _terminal(db: Path, run_id: str) -> dict[str, Any] | None:
 
 
 def _tail(replica: Replica, run_id: str) -> None:
-    """A client coming back to ``replica`` for the run: its SSE route takes an orphaned run over."""
-    with contextlib.suppress(httpx.HTTPError):
-        # Generous: a client that hangs up while the replica is still taking the run over (its lease
-        # wait, its quiet window; slow beside other test workers) can cancel that takeover with it.
-        with httpx.stream("GET", f"{replica.url}/runs/{run_id}/events", timeout=httpx.Timeout(30, read=30)) as r:
-            for _line in r.iter_lines():
-                return
+    """A client coming back to ``replica`` for the run: its SSE route takes an orphaned run over.
+
+    The client stays (in a thread of its own) until the stream ends, as a browser would: one that
+    hangs up at its first line, while the replica still waits out the lease and its quiet window,
+    can take the takeover it started down with it, and then nobody claims the run.
+    """
+
+    def read() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            with httpx.stream("GET", f"{replica.url}/runs/{run_id}/events", timeout=httpx.Timeout(30, read=90)) as r:
+                for _line in r.iter_lines():
+                    pass
+
+    threading.Thread(target=read, name=f"tail {run_id}", daemon=True).start()
 
 
 @pytest.mark.parametrize("round_", range(5))

@@ -268,13 +268,14 @@ def test_commands_equal_their_templates() -> None:
     assert journal_exit_probe_command(p) == f"tail -c -4096 {j} 2>/dev/null | base64"
     f = "'/tmp/boxwright-runs/it_27s_20_24_28x_29.files'"  # the pre-run workspace listing goes with them
     i, q = "'/tmp/boxwright-runs/it_27s_20_24_28x_29.in'", "'/tmp/boxwright-runs/it_27s_20_24_28x_29.fifo'"
-    assert journal_cleanup_command(p) == f"rm -f {j} {e} {f} {i} {q}"  # and a relayed agent's inbox and FIFO
+    s = "'/tmp/boxwright-runs/it_27s_20_24_28x_29.stdin'"  # the agent's kept stdin
+    assert journal_cleanup_command(p) == f"rm -f {j} {e} {f} {s} {i} {q}"  # and a relayed agent's inbox and FIFO
     assert journal_list_command() == f"ls -1 {d} 2>/dev/null"
     assert journal_mtime_list_command("/x y/") == "stat -c '%Y %n' '/x y' '/x y'/* 2>/dev/null"
     hostile = journal_paths("a", "/tmp/it's dir")
     assert journal_cleanup_command(hostile) == (
         "rm -f '/tmp/it'\"'\"'s dir/a.ndjson' '/tmp/it'\"'\"'s dir/a.err' '/tmp/it'\"'\"'s dir/a.files'"
-        " '/tmp/it'\"'\"'s dir/a.in' '/tmp/it'\"'\"'s dir/a.fifo'"
+        " '/tmp/it'\"'\"'s dir/a.stdin' '/tmp/it'\"'\"'s dir/a.in' '/tmp/it'\"'\"'s dir/a.fifo'"
     )
 
 
