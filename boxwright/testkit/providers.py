@@ -860,8 +860,23 @@ async def case_kill_stops_delayed_writes(config: ProviderSuiteConfig) -> None:
 
         async def by_abort_exec(marker: str, command: str) -> None:
             controller = AbortController()
-            loop.call_later(1, controller.abort, "test: abort exec")
-            result = await _exec(handle, f"echo started; {command}", ProcessOptions(signal=controller.signal))
+            up = f"/tmp/{marker}.up"
+
+            async def abort_once_started() -> None:
+                # Not at a fixed second: on a loaded machine a remote exec may not have printed yet,
+                # and "the output so far" would be nothing. Up to 4 s, inside the command's 5 s sleep.
+                deadline = loop.time() + 4
+                while loop.time() < deadline:
+                    if (await handle.process.exec(f"test -e {up}")).exit_code == 0:
+                        break
+                    await asyncio.sleep(0.1)
+                controller.abort("test: abort exec")
+
+            async with asyncio.TaskGroup() as group:
+                group.create_task(abort_once_started())
+                result = await _exec(
+                    handle, f"echo started; : > {up}; {command}", ProcessOptions(signal=controller.signal)
+                )
             if result.stdout != "started\n":
                 problems.append(f"{marker}: an aborted exec must resolve with the output so far, got {result!r}")
             if killable and not 128 < result.exit_code <= 128 + 64:
