@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -301,6 +302,42 @@ def _tail(replica: Replica, run_id: str) -> None:
     threading.Thread(target=read, name=f"tail {run_id}", daemon=True).start()
 
 
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _write_lock_free(db: Path) -> bool:
+    conn = sqlite3.connect(db, timeout=0.2, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.close()
+
+
+def _pause_outside_a_write(replica: Replica, db: Path) -> None:
+    """SIGSTOP ``replica`` at a moment it holds no SQLite write lock.
+
+    A process paused inside a write transaction (an append, a lease renewal: milliseconds, many a
+    second) keeps the database file's one write lock until it runs again: every replica on that file
+    waits ("database is locked"). That is SQLite's locking on one host, measured here in CI; the
+    Redis stores have no such lock. What this test is about is a paused driver's *fencing*, so it
+    pauses A between two writes (it comes back, SIGCONT, and is paused again if it was inside one).
+    """
+    for _ in range(50):
+        replica.stop()
+        # SIGSTOP lands asynchronously: the lock is looked at once the process is stopped (state T).
+        wait_for("A to stop", lambda: _state(replica.proc.pid) == "T", 10, interval=0.005)
+        if _write_lock_free(db):
+            return
+        replica.resume()
+        time.sleep(0.02)
+    raise AssertionError("A was inside a write at each of 50 pauses")
+
+
 @pytest.mark.parametrize("round_", range(5))
 def test_a_driver_resumed_after_its_successor_took_over_writes_nothing(tmp_path: Path, round_: int) -> None:
     """SIGSTOP A mid-run, past its lease; B takes over (default 5 s quiet window); SIGCONT A at a
@@ -315,10 +352,13 @@ def test_a_driver_resumed_after_its_successor_took_over_writes_nothing(tmp_path:
     ) as (a, b):
         assert a.post("/runs", {"prompt": "go", "threadId": f"t-{run_id}", "runId": run_id}).status_code == 202
         wait_for("20 lines stored", lambda: len(stored_deltas(db, run_id)) >= 20, 30)
-        a.stop()
+        _pause_outside_a_write(a, db)
         time.sleep(REPLICA_LEASE_MS / 1000 + 0.8)  # A's lease runs out
         _tail(b, run_id)
-        wait_for("B's claim", lambda: (record_row(db, run_id) or {}).get("driver_epoch") == 2, 60)
+        try:
+            wait_for("B's claim", lambda: (record_row(db, run_id) or {}).get("driver_epoch") == 2, 60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; record {record_row(db, run_id)}\nA: {a.stderr()}\nB: {b.stderr()}") from None
         # 0: inside B's quiet window, the agent still writing; 1: quiet window, agent done;
         # 2: while B replays; 3, 4: after B's end.
         resume_after = [1.0, 4.0, 6.0, None, None][round_]

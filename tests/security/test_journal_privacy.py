@@ -62,7 +62,7 @@ def _journal_files(state_root: Path) -> list[Path]:
 
 async def _until_files(state_root: Path, timeout: float = 20) -> list[Path]:
     deadline = asyncio.get_running_loop().time() + timeout
-    while len(files := _journal_files(state_root)) < 3:
+    while len(files := _journal_files(state_root)) < 4:
         assert asyncio.get_running_loop().time() < deadline, f"no journal appeared under {state_root}"
         await asyncio.sleep(0.05)
     return files
@@ -72,8 +72,9 @@ def _assert_private(state_root: Path, files: list[Path]) -> None:
     journals = files[0].parent
     for directory in (state_root, journals.parent, journals):
         assert _mode(directory) == 0o700, (directory, oct(_mode(directory)))
-    # The stderr sidecar, the pre-run workspace listing (for a successor's file events), the journal.
-    assert [f.suffix for f in files] == [".err", ".files", ".ndjson"]
+    # The stderr sidecar, the pre-run workspace listing (for a successor's file events), the journal,
+    # the agent's stdin (its prompt, read from there so it does not depend on the starting host).
+    assert [f.suffix for f in files] == [".err", ".files", ".ndjson", ".stdin"]
     for file in files:
         assert _mode(file) == 0o600, (file, oct(_mode(file)))
     assert SECRET_LINE in files[2].read_text(), "the journal holds the agent's raw output"
