@@ -851,7 +851,9 @@ async def _write_private_stdin(handle: SandboxHandle, paths: JournalPaths, text:
     target = quote(journal_stdin_path(paths))
     chunks = [text[i : i + _STDIN_CHUNK_CHARS] for i in range(0, len(text), _STDIN_CHUNK_CHARS)] or [""]
     for index, chunk in enumerate(chunks):
-        opening = f"{_private_files(paths)} && ( umask 077 && : > {target} ) && " if index == 0 else ""
+        # Only the dir and this file: the journal itself is made by the agent's own command, so a host
+        # that dies before the spawn leaves no journal and its successor starts the run afresh.
+        opening = f"( umask 077 && mkdir -p {quote(paths.dir)} && : > {target} ) && " if index == 0 else ""
         result = await handle.process.exec(
             f'{opening}printf %s "$BOXWRIGHT_STDIN" >> {target}', ProcessOptions(env={"BOXWRIGHT_STDIN": chunk})
         )
