@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib
 import re
 import socket
 import time
@@ -23,7 +24,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, cast, runtime_check
 import msgspec
 
 from ..abort import AbortSignal
-from ..errors import AbortError, SandboxCommandError, UnsupportedCapabilityError
+from ..errors import AbortError, ProviderUnavailableError, SandboxCommandError, UnsupportedCapabilityError
 from ..sandbox import (
     WORKSPACE,
     DestroyInput,
@@ -49,6 +50,21 @@ SURVIVED = "__boxwright_kill_survived__"
 _WRITE_CHUNK = 48 * 1024
 # How long a kill waits for the remote exit it caused before it says the command may still run.
 KILL_CONFIRM = 10.0
+
+
+def import_sdk(provider: str, module: str, distribution: str, extra: str) -> Any:
+    """The vendor SDK ``module`` of ``provider``, imported at first use: an optional dependency.
+
+    Only the provider's own module names its SDK (the SDK is behind the extra ``extra``, its
+    PyPI name ``distribution``), so importing boxwright never needs it; without it the provider
+    says which package is missing and the ``pip install`` that brings it.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # the extra is optional
+        raise ProviderUnavailableError(
+            provider, f"the `{distribution}` Python package is not installed", f"pip install 'boxwright[{extra}]'"
+        ) from exc
 
 
 def owner_id() -> str:

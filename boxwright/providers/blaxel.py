@@ -78,6 +78,7 @@ from ._remote import (
     channel,
     check_port,
     exec_result,
+    import_sdk,
     map_path,
     owned,
     owner_id,
@@ -95,7 +96,6 @@ DEFAULT_TTL = "1h"
 DEFAULT_WORKDIR = "/blaxel/workspace"
 PREVIEW_HEADER = "X-Blaxel-Preview-Token"
 OUTPUT_LIMIT = 8 * 1024 * 1024
-INSTALL_HELP = "pip install 'boxwright[blaxel]'"
 KEY_HELP = f"set {API_KEY_ENV} and {WORKSPACE_ENV} (https://app.blaxel.ai), run `bl login`, or pass blaxel_sandbox(...)"
 # Teardown states of a destroyed sandbox: Blaxel keeps the record a while before purging it.
 GONE_STATUSES = frozenset({"DELETING", "DEACTIVATING", "FAILED", "TERMINATED"})
@@ -127,11 +127,7 @@ printf 'X:%s.\n' "$c"
 
 
 def _sdk() -> Any:
-    try:
-        import blaxel.core as core
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(NAME, "the `blaxel` Python package is not installed", INSTALL_HELP) from exc
-    return core
+    return import_sdk(NAME, "blaxel.core", "blaxel", "blaxel")
 
 
 def _capabilities() -> Capabilities:

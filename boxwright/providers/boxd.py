@@ -74,6 +74,7 @@ from ._remote import (
     channel,
     check_port,
     exec_result,
+    import_sdk,
     map_path,
     owned,
     owner_id,
@@ -87,7 +88,6 @@ TOKEN_ENV = "BOXD_TOKEN"
 ORG_ENV = "BOXD_ORG"
 BASE_URL_ENV = "BOXD_BASE_URL"
 DEFAULT_WORKDIR = "/home/boxd/workspace"
-INSTALL_HELP = "pip install 'boxwright[boxd]'"
 KEY_HELP = f"set {API_KEY_ENV} and {ORG_ENV} (https://boxd.sh) or pass boxd_sandbox(api_key=..., org=...)"
 SNAPSHOT_READY = frozenset({"ready", "available", "active"})
 SNAPSHOT_FAILED = frozenset({"failed", "error"})
@@ -102,11 +102,7 @@ LAUNCH = (
 
 
 def _sdk() -> Any:
-    try:
-        import boxd  # type: ignore[import-untyped]
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(NAME, "the `boxd` Python package is not installed", INSTALL_HELP) from exc
-    return boxd
+    return import_sdk(NAME, "boxd", "boxd", "boxd")
 
 
 def _capabilities() -> Capabilities:

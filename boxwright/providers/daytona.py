@@ -81,6 +81,7 @@ from ._remote import (
     check_port,
     collect,
     exec_result,
+    import_sdk,
     map_path,
     owned,
     owner_id,
@@ -95,7 +96,6 @@ DEFAULT_WORKDIR = "/home/daytona/workspace"
 PREVIEW_HEADER = "X-Daytona-Preview-Token"
 NONCE = "boxwright.create-nonce"
 SECRETS_LABEL = "boxwright.secrets"
-INSTALL_HELP = "pip install 'boxwright[daytona]'"
 KEY_HELP = f"set {API_KEY_ENV} (https://app.daytona.io/dashboard/keys) or pass daytona_sandbox(api_key=...)"
 POLL = 0.4
 SIGNED_URL_SECONDS = 3600
@@ -127,11 +127,7 @@ CAPABILITIES = Capabilities(
 
 
 def _sdk() -> Any:
-    try:
-        import daytona
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(NAME, "the `daytona` Python package is not installed", INSTALL_HELP) from exc
-    return daytona
+    return import_sdk(NAME, "daytona", "daytona", "daytona")
 
 
 def _state(sandbox: Any) -> str:

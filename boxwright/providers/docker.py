@@ -69,7 +69,7 @@ from ..sandbox import (
 from ._docker_fast import SERVER as _FAST_SERVER
 from ._docker_fast import FastExec, FastExecLost, FastExecUnavailable, go_lines, keep_alive_command
 from ._posix import HandleEnv, Logger, StdlibLogger, TextStream
-from ._remote import ProcessSet, RemoteProcess
+from ._remote import ProcessSet, RemoteProcess, import_sdk
 
 NAME = "docker"
 INSTALL_HELP = (
@@ -137,13 +137,7 @@ def owner_id() -> str:
 
 
 def _docker() -> Any:
-    try:
-        import docker  # type: ignore[import-untyped]
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(
-            NAME, "the `docker` Python package is not installed", "pip install 'boxwright[docker]'"
-        ) from exc
-    return docker
+    return import_sdk(NAME, "docker", "docker", "docker")
 
 
 class DockerApi:

@@ -75,6 +75,7 @@ from ._remote import (
     check_port,
     collect,
     exec_result,
+    import_sdk,
     map_path,
     owned,
     owner_id,
@@ -89,17 +90,12 @@ DEFAULT_WORKDIR = "/home/user/workspace"
 DEFAULT_LIFETIME = 30 * 60.0
 TRAFFIC_HEADER = "e2b-traffic-access-token"
 NONCE = "boxwright.create-nonce"
-INSTALL_HELP = "pip install 'boxwright[e2b]'"
 KEY_HELP = f"set {API_KEY_ENV} (https://e2b.dev/dashboard) or pass e2b_sandbox(api_key=...)"
 _SIGNALS = {"killed": 9, "terminated": 15, "interrupt": 2, "hangup": 1, "quit": 3, "aborted": 6, "broken pipe": 13}
 
 
 def _sdk() -> Any:
-    try:
-        import e2b
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(NAME, "the `e2b` Python package is not installed", INSTALL_HELP) from exc
-    return e2b
+    return import_sdk(NAME, "e2b", "e2b", "e2b")
 
 
 def _capabilities(durable: bool) -> Capabilities:

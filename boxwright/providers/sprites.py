@@ -76,6 +76,7 @@ from ._remote import (
     channel,
     check_port,
     env_line,
+    import_sdk,
     make_workdir,
     map_path,
     owned,
@@ -91,7 +92,6 @@ API_URL_ENV = "SPRITES_API_URL"
 DEFAULT_API_URL = "https://api.sprites.dev"
 DEFAULT_WORKDIR = "/home/sprite/workspace"
 DEFAULT_HTTP_PORT = 8080
-INSTALL_HELP = "pip install 'boxwright[sprites]'"
 KEY_HELP = (
     f"set {API_KEY_ENV} (org/projectNumber/tokenId/secret, from sprites.dev) or pass sprites_sandbox(api_key=...)"
 )
@@ -106,11 +106,7 @@ LAUNCH = (
 
 
 def _sdk() -> Any:
-    try:
-        import sprites
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(NAME, "the `sprites-py` Python package is not installed", INSTALL_HELP) from exc
-    return sprites
+    return import_sdk(NAME, "sprites", "sprites-py", "sprites")
 
 
 def _capabilities() -> Capabilities:

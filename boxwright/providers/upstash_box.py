@@ -75,6 +75,7 @@ from ._remote import (
     channel,
     check_port,
     exec_result,
+    import_sdk,
     lease_expiry,
     map_path,
     owner_id,
@@ -85,7 +86,6 @@ NAME = "upstash-box"
 API_KEY_ENV = "UPSTASH_BOX_API_KEY"
 BASE_URL_ENV = "UPSTASH_BOX_BASE_URL"
 WORKDIR = "/workspace/home"
-INSTALL_HELP = "pip install 'boxwright[upstash-box]'"
 KEY_HELP = f"set {API_KEY_ENV} (https://console.upstash.com) or pass upstash_box_sandbox(api_key=...)"
 # Box labels are plain strings: boxwright's ownership metadata as `boxwright-<key>-<value>` labels.
 LABEL_MANAGED = "boxwright-managed"
@@ -99,11 +99,7 @@ _SIGNAL_NAMES = {signals.SIGTERM: "TERM", signals.SIGKILL: "KILL", signals.SIGIN
 
 
 def _sdk() -> Any:
-    try:
-        import upstash_box
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(NAME, "the `upstash-box` Python package is not installed", INSTALL_HELP) from exc
-    return upstash_box
+    return import_sdk(NAME, "upstash_box", "upstash-box", "upstash-box")
 
 
 def _status(exc: BaseException) -> int | None:

@@ -77,6 +77,7 @@ from ._remote import (
     channel,
     check_port,
     exec_result,
+    import_sdk,
     make_workdir,
     map_path,
     owned,
@@ -90,7 +91,6 @@ TOKEN_ENV = "VERCEL_TOKEN"
 TEAM_ENV = "VERCEL_TEAM_ID"
 PROJECT_ENV = "VERCEL_PROJECT_ID"
 DEFAULT_WORKDIR = "/vercel/sandbox"
-INSTALL_HELP = "pip install 'boxwright[vercel]'"
 KEY_HELP = (
     f"set {TOKEN_ENV}, {TEAM_ENV} and {PROJECT_ENV} (vercel.com account settings) or pass "
     "vercel_sandbox(token=..., team_id=..., project_id=...)"
@@ -103,11 +103,7 @@ LAUNCH = 'setsid sh -c "$1" boxwright "$2" "$3" & p=$!; wait $p'
 
 
 def _sdk() -> Any:
-    try:
-        import vercel.sandbox as sdk  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:  # the extra is optional
-        raise ProviderUnavailableError(NAME, "the `vercel-sandbox` package is not installed", INSTALL_HELP) from exc
-    return sdk
+    return import_sdk(NAME, "vercel.sandbox", "vercel-sandbox", "vercel")
 
 
 def _capabilities() -> Capabilities:
