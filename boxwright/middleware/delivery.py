@@ -10,7 +10,8 @@ malformed, issued by another run's log, or past the tail is a 400 whose JSON nam
 (a WebSocket, which has no status line once accepted, closes 4404 / 4400 with the reason).
 A stream ends after the log is closed and every event was sent, with one last message carrying
 the run record's status (SSE ``event: status``; WebSocket ``{"status", "closed": true}`` and
-close 1000).
+close 1000). The coordinator's WebSocket (``seq_frames``) speaks its spec's frames instead:
+``{"seq", "chunk"}`` and ``{"type": "status", "record"}``, its refusals HTTP answers to the handshake.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ def offset_for_last_seq(run_id: str, last_seq: str) -> str:
         return f"lastSeq={last_seq}"
     # Log seqs count from 1, the coordinator's from 0: event n of the log is lastSeq n-1.
     return START_OFFSET if seq == -1 else format_offset(run_id, seq + 1)
+
+
+def seq_of_offset(run_id: str, offset: str) -> int:
+    """The coordinator's 0-based seq of the event at ``offset`` (``-1`` for an empty log's tail)."""
+    return (parse_offset(run_id, offset) or 0) - 1
 
 
 def request_offset(request: Request) -> str:
@@ -344,7 +350,8 @@ def _offset_from_message(message: Mapping[str, Any]) -> str | None:
     return text
 
 
-async def _ws_offset(websocket: WebSocket, timeout_s: float) -> str | None:
+def _query_offset(websocket: WebSocket) -> str | None:
+    """A WebSocket's cursor from its query: ``?offset=``, else ``?lastSeq=``; ``None`` when it has neither."""
     offset = websocket.query_params.get("offset")
     if offset is not None:
         return offset
@@ -352,6 +359,12 @@ async def _ws_offset(websocket: WebSocket, timeout_s: float) -> str | None:
     run_id = websocket.path_params.get("run_id")
     if last_seq is not None and isinstance(run_id, str):
         return offset_for_last_seq(run_id, last_seq)
+    return None
+
+
+async def _ws_offset(websocket: WebSocket, timeout_s: float) -> str | None:
+    if (offset := _query_offset(websocket)) is not None:
+        return offset
     try:
         message = await asyncio.wait_for(websocket.receive(), timeout_s)
     except TimeoutError:
@@ -376,6 +389,29 @@ async def _drain_inbound(websocket: WebSocket, controller: AbortController) -> N
     controller.abort("the WebSocket client went away")
 
 
+async def record_view(runs: RunStore, log: EventLog, run_id: str) -> dict[str, Any] | None:
+    """The record as a client reads it (``GET /runs/{id}``): its fields plus the log's ``lastSeq``; ``None``: unknown.
+
+    Raises what the stores raise.
+    """
+    record = await runs.get(run_id)
+    if record is None:
+        return None
+    view: dict[str, Any] = msgspec.to_builtins(record)
+    view["lastSeq"] = seq_of_offset(run_id, await log.tail(run_id))
+    return view
+
+
+async def _refuse_before_accept(websocket: WebSocket, refusal: DeliveryRefusal) -> None:
+    # An HTTP answer to the handshake says 404/400 the way an HTTP client reads it; a server without the
+    # ASGI denial-response extension can only accept and close with the code.
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(refusal.response())
+    else:
+        await websocket.accept()
+        await websocket.close(refusal.ws_code, _close_reason(refusal.message))
+
+
 async def websocket_tail(
     websocket: WebSocket,
     log: EventLog,
@@ -383,33 +419,59 @@ async def websocket_tail(
     run_id: str,
     *,
     offset_timeout_s: float = WS_OFFSET_TIMEOUT_S,
+    seq_frames: bool = False,
 ) -> None:
     """Tail ``run_id`` over an (unaccepted) Starlette WebSocket.
 
-    The offset is ``?offset=``, else the first client message (the bare offset, or
-    ``{"offset": ...}``). Frames: ``{"offset", "event"}`` per event, then
-    ``{"status", "error"?, "closed": true}`` and close 1000. Unknown run: close 4404; bad
-    offset: close 4400 with the reason; a failing read: close 1011.
+    Offset frames (the default, ``/ws``): the offset is ``?offset=`` (or ``?lastSeq=``), else the
+    first client message (the bare offset, or ``{"offset": ...}``). Frames: ``{"offset", "event"}``
+    per event, then ``{"status", "error"?, "closed": true}`` and close 1000. Unknown run: close
+    4404; bad offset: close 4400 with the reason.
+
+    Seq frames (``seq_frames=True``, the coordinator's ``/stream``): the cursor is ``?lastSeq=``
+    (or ``?offset=``), default ``-1``, and refusals are HTTP answers to the handshake (404, 400).
+    Frames: ``{"seq", "chunk"}`` per event (``seq`` 0-based), then ``{"type": "status", "record"}``
+    (the record with its ``lastSeq``) and close 1000 ``run complete``.
+
+    Either way, a failing read closes 1011 with a reason of at most 120 bytes (the error is logged).
     """
-    await websocket.accept()
     controller = AbortController()
     watcher: asyncio.Task[None] | None = None
-    try:
-        # Before the offset: a client that sends none must not wait out its timeout to hear the id is bad.
-        refuse_bad_run_id(run_id)
-        offset = await _ws_offset(websocket, offset_timeout_s)
-        if offset is None:
+    if seq_frames:
+        try:
+            # Checked before the handshake is answered, so a refused client sees a status, not a close.
+            refuse_bad_run_id(run_id)
+            offset = _query_offset(websocket) or START_OFFSET
+            await check_tail_request(log, runs, run_id, offset)
+        except DeliveryRefusal as refusal:
+            with contextlib.suppress(Exception):
+                await _refuse_before_accept(websocket, refusal)
             return
-        await check_tail_request(log, runs, run_id, offset)
+    await websocket.accept()
+    try:
+        if not seq_frames:
+            # Before the offset: a client that sends none must not wait out its timeout to hear the id is bad.
+            refuse_bad_run_id(run_id)
+            found = await _ws_offset(websocket, offset_timeout_s)
+            if found is None:
+                return
+            offset = found
+            await check_tail_request(log, runs, run_id, offset)
         watcher = asyncio.get_running_loop().create_task(_drain_inbound(websocket, controller))
         async with _reading(log, run_id, offset, controller.signal) as reader:
             async for event_offset, event in reader:
-                frame = b'{"offset":' + _json.encode(event_offset) + b',"event":' + encode_event(event) + b"}"
-                await websocket.send_text(frame.decode())
+                if seq_frames:
+                    head = b'{"seq":' + str(seq_of_offset(run_id, event_offset)).encode() + b',"chunk":'
+                else:
+                    head = b'{"offset":' + _json.encode(event_offset) + b',"event":'
+                await websocket.send_text((head + encode_event(event) + b"}").decode())
         if controller.signal.aborted:
             return
-        status = await final_status(runs, run_id)
-        await websocket.send_text(_json.encode({**status, "closed": True}).decode())
+        if seq_frames:
+            last: dict[str, Any] = {"type": "status", "record": await record_view(runs, log, run_id)}
+        else:
+            last = {**await final_status(runs, run_id), "closed": True}
+        await websocket.send_text(_json.encode(last).decode())
         await websocket.close(1000, "run complete")
     except DeliveryRefusal as refusal:
         with contextlib.suppress(Exception):
@@ -440,7 +502,9 @@ __all__ = [
     "final_status",
     "json_response",
     "long_poll_response",
+    "record_view",
     "request_offset",
+    "seq_of_offset",
     "sse_response",
     "websocket_tail",
 ]

@@ -75,7 +75,7 @@ from boxwright.tool_bridge.tools import Tool
 
 from .agui import agui_routes
 from .approvals import ApprovalAnswer, ApprovalDesk
-from .delivery import json_response, long_poll_response, sse_response, websocket_tail
+from .delivery import json_response, long_poll_response, record_view, sse_response, websocket_tail
 
 log = logging.getLogger("boxwright.middleware")
 T = TypeVar("T")
@@ -913,10 +913,10 @@ class SandboxService:
         await self._before_tail(run_id)
         return await long_poll_response(self.log, self.runs, run_id, request)
 
-    async def websocket(self, websocket: WebSocket, run_id: str) -> None:
-        """WebSocket tail of ``run_id``; an orphaned run is taken over first, as for SSE."""
+    async def websocket(self, websocket: WebSocket, run_id: str, *, seq_frames: bool = False) -> None:
+        """WebSocket tail of ``run_id`` (``delivery.websocket_tail``); an orphaned run is taken over first."""
         await self._before_tail(run_id)
-        await websocket_tail(websocket, self.log, self.runs, run_id)
+        await websocket_tail(websocket, self.log, self.runs, run_id, seq_frames=seq_frames)
 
     async def aclose(self, *, cancel: bool = False) -> None:
         """Wait for every run driven here to end; ``cancel=True`` cancels them first. Never raises.
@@ -1014,6 +1014,16 @@ def _refuse_run_id(run_id: str) -> Response | None:
     return None
 
 
+def _lost_upgrade(request: Request) -> bool:
+    """A WebSocket client's handshake arrived as plain HTTP (a proxy dropped its ``Upgrade``, or mangled it).
+
+    Not any ``Upgrade``: ``curl --http2`` asks every plain request for ``h2c``.
+    """
+    headers = request.headers
+    asked = "websocket" in headers.get("upgrade", "").lower()
+    return asked or "sec-websocket-key" in headers or "sec-websocket-version" in headers
+
+
 def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
     """Routes over ``service``: ``POST /runs``, ``GET /runs/{id}``, ``GET /runs/{id}/events`` (SSE),
     ``GET /runs/{id}/poll`` (long-poll), ``WS /runs/{id}/ws`` (and ``/stream``), ``POST /runs/{id}/cancel``,
@@ -1068,10 +1078,16 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         refused = _refuse_run_id(request.path_params["run_id"])
         if refused is not None:
             return refused
-        found = await service.runs.get(request.path_params["run_id"])
-        if found is None:
+        run_id = request.path_params["run_id"]
+        # ``lastSeq`` (R5) is the log's, not the record's: a client resumes a WebSocket from it.
+        try:
+            view = await record_view(service.runs, service.log, run_id)
+        except Exception as exc:
+            log.error("run %r: could not read it: %s", run_id, redact(f"{type(exc).__name__}: {exc}"))
+            return _error(503, "the run could not be read", "store_unavailable")
+        if view is None:
             return _error(404, "unknown run", "unknown_run")
-        return Response(msgspec.json.encode(found), media_type="application/json")
+        return json_response(200, view)
 
     async def events(request: Request) -> Response:
         return await service.events_response(request.path_params["run_id"], request)
@@ -1082,12 +1098,20 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
     async def tail(websocket: WebSocket) -> None:
         await service.websocket(websocket, websocket.path_params["run_id"])
 
+    async def seq_tail(websocket: WebSocket) -> None:
+        await service.websocket(websocket, websocket.path_params["run_id"], seq_frames=True)
+
     # The run log as a read-only Durable Streams stream (boxwright.streams.runlog owns the protocol).
     from boxwright.streams.runlog import RunStreams
 
     run_streams = RunStreams(service.runs, service.log)
 
     async def stream(request: Request) -> Response:
+        if _lost_upgrade(request):
+            # A WebSocket handshake whose Upgrade a proxy dropped reached us as plain HTTP: a Durable
+            # Streams answer would look like success to a client that can never parse it.
+            body = {"error": "expected websocket upgrade", "code": "upgrade_required"}
+            return json_response(426, body, headers={"Upgrade": "websocket"})
         if request.method == "GET":
             await service._before_tail(request.path_params["run_id"])  # a tail like the others
         return await run_streams.response(request, request.path_params["run_id"])
@@ -1173,7 +1197,7 @@ def sandbox_routes(service: SandboxService) -> list[BaseRoute]:
         Route("/runs/{run_id}/poll", poll, methods=["GET"]),
         WebSocketRoute("/runs/{run_id}/ws", tail),
         # One path, two protocols: a WebSocket upgrade tails the run (coordinator R12), HTTP is Durable Streams.
-        WebSocketRoute("/runs/{run_id}/stream", tail),
+        WebSocketRoute("/runs/{run_id}/stream", seq_tail),
         Route("/runs/{run_id}/stream", stream, methods=["GET", "HEAD", "PUT", "POST", "DELETE"]),
         Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
         # The standard AG-UI endpoint (boxwright.middleware.agui): POST a RunAgentInput, read the run.

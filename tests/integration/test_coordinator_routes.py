@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from boxwright.coordinator import Coordinator, CoordinatorConfig, StoreSet
 from boxwright.coordinator.scheduler import WATCHDOG_MESSAGE
@@ -244,8 +244,10 @@ def test_metadata_reaches_the_adapter_and_is_never_stored(tmp_path: Path) -> Non
 
 
 def test_websocket_tail_of_a_finished_run_and_its_refusals(tmp_path: Path) -> None:
-    """A15-A17: WS on a finished 3-line run from ``lastSeq=-1``: every frame in order, the status frame, close 1000
-    ``run complete``; client messages change nothing; an unknown run closes 4404, a bad offset 4400."""
+    """A15-A17, R5, R12-R13: WS on a finished 3-line run from ``lastSeq=-1``: ``{seq, chunk}`` frames 0, 1, 2, ...
+    in order, then ``{type: status, record}`` (the record ``GET /runs/{id}`` gives, with its ``lastSeq``) and close
+    1000 ``run complete``; client messages change nothing. Refusals answer the handshake: an unknown run 404, a bad
+    or future ``lastSeq`` or offset 400; a WebSocket handshake that reached the route as plain HTTP gets 426."""
 
     async def scenario(stack: Stack) -> None:
         assert (await stack.post("/runs", trigger("t-ws", "lines 3 0", "r-ws"))).status_code == 202
@@ -263,20 +265,39 @@ def test_websocket_tail_of_a_finished_run_and_its_refusals(tmp_path: Path) -> No
             1000,
             "run complete",
         )
-        offsets = [f["offset"] for f in frames[:-1]]
-        assert len(offsets) == len(set(offsets)) and frames[-1] == {"status": "completed", "closed": True}
-        deltas = [f["event"].get("delta") for f in frames[:-1] if f["event"]["type"] == "TEXT_MESSAGE_CONTENT"]
+        *events, status = frames
+        assert [f["seq"] for f in events] == list(range(len(events))) and len(events) > 3, events
+        deltas = [f["chunk"].get("delta") for f in events if f["chunk"]["type"] == "TEXT_MESSAGE_CONTENT"]
         assert deltas == ["line 1\n", "line 2\n", "line 3\n"]
+        record = (await stack.get("/runs/r-ws", params={"threadId": "t-ws"})).json()
+        assert record["lastSeq"] == len(events) - 1 and record["status"] == "completed", record
+        assert status == {"type": "status", "record": record}, status
+        # Resuming from a seq gets the rest only.
+        async with connect(
+            f"{ws_base}/runs/r-ws/stream?threadId=t-ws&lastSeq=1", additional_headers=client_headers()
+        ) as ws:
+            rest = [json.loads(frame) async for frame in ws]
+        assert [f.get("seq") for f in rest[:-1]] == list(range(2, len(events))), rest
         for path, code in [
-            ("/runs/r-none/stream?threadId=t-ws&offset=-1", 4404),
-            ("/runs/r-ws/stream?threadId=t-ws&offset=abc", 4400),
-            ("/runs/r-ws/stream?threadId=t-ws&lastSeq=abc", 4400),
-            ("/runs/r-ws/stream?threadId=t-ws&lastSeq=99", 4400),
+            ("/runs/r-none/stream?threadId=t-ws", 404),
+            ("/runs/r-ws/stream?threadId=t-ws&offset=abc", 400),
+            ("/runs/r-ws/stream?threadId=t-ws&lastSeq=abc", 400),
+            ("/runs/r-ws/stream?threadId=t-ws&lastSeq=99", 400),
         ]:
-            async with connect(ws_base + path, additional_headers=client_headers()) as ws:
-                with pytest.raises(ConnectionClosed) as refused:
-                    await ws.recv()
-            assert refused.value.rcvd is not None and refused.value.rcvd.code == code, path
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(ws_base + path, additional_headers=client_headers()):
+                    pass
+            assert refused.value.response.status_code == code, (path, refused.value.response)
+        # What a client behind a proxy that drops Upgrade/Connection sends: the handshake's own headers.
+        lost = {"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13"}
+        answer = await stack.get("/runs/r-ws/stream", params={"threadId": "t-ws"}, headers=lost)
+        assert answer.status_code == 426 and answer.json()["error"] == "expected websocket upgrade", answer.text
+        # A plain GET is the run's Durable Streams stream, and curl's h2c upgrade offer does not change that.
+        plain = await stack.get("/runs/r-ws/stream", params={"threadId": "t-ws", "offset": "-1"})
+        h2c = await stack.get(
+            "/runs/r-ws/stream", params={"threadId": "t-ws", "offset": "-1"}, headers={"Upgrade": "h2c"}
+        )
+        assert plain.status_code == h2c.status_code == 200 and len(plain.json()) == len(events), plain.text
 
     _run(tmp_path, scenario)
 

@@ -119,7 +119,7 @@ def test_a_log_read_that_raises_closes_the_websocket_1011_with_a_short_reason(
             received = closed.value.rcvd
             assert received is not None and received.code == 1011, (received, frames)
             assert 0 < len(received.reason) <= 120 and "disk went away" not in received.reason, received.reason
-            assert len(frames) == 2 and all("event" in f for f in frames), frames
+            assert len(frames) == 2 and all("chunk" in f for f in frames), frames
             # The log itself is whole: only the tail's read failed, after two of the run's events.
             assert len(await coordinator.stores.log.snapshot(FAILING_RUN)) > 2
 
