@@ -7,6 +7,7 @@ import pathlib
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -26,11 +27,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # the session-end check below sees this session's leftovers only, never a parallel session's.
 # Each pytest-xdist worker is a session of its own (its id replaces the controller's it inherited):
 # a test that looks for "this session's" containers must not see, or remove, a sibling worker's.
+# A worker's id is the controller's and its own name, so the controller can sweep a dead worker's.
 _worker = os.environ.get("PYTEST_XDIST_WORKER")
 if "BOXWRIGHT_TEST_SESSION" not in os.environ or (_worker and os.environ.get("BOXWRIGHT_TEST_WORKER") != _worker):
+    _controller = os.environ.get("BOXWRIGHT_TEST_SESSION")
     if _worker:
         os.environ["BOXWRIGHT_TEST_WORKER"] = _worker
-    os.environ["BOXWRIGHT_TEST_SESSION"] = f"{os.getpid()}-{secrets.token_hex(4)}"
+    _fresh = f"{os.getpid()}-{secrets.token_hex(4)}"
+    os.environ["BOXWRIGHT_TEST_SESSION"] = f"{_controller}-{_worker}" if _worker and _controller else _fresh
     _others = [
         label
         for label in os.environ.get("BOXWRIGHT_DOCKER_LABELS", "").split(",")
@@ -56,14 +60,24 @@ def _process_secrets_per_test() -> Iterator[None]:
     process_secrets.restore_process_secret_values(before)
 
 
-def _docker_leftovers() -> tuple[list[str], list[str]]:
-    """Containers and images of this session still on the engine; nothing when no engine answers."""
+@pytest.fixture(autouse=True, scope="module")
+def _fake_clouds_drained() -> Iterator[None]:
+    """A test module's end removes the fake clouds' idle warm machines (tests/support/cloud_providers.py)."""
+    yield
+    fakes = sys.modules.get("tests.support.cloud_providers")
+    if fakes is not None:
+        fakes.drain_fakes()
+
+
+def _docker_leftovers(label: str | None = None) -> tuple[list[str], list[str]]:
+    """Containers and images of this session (or ``label``) still on the engine; nothing when no engine answers."""
     if shutil.which("docker") is None or not os.path.exists("/var/run/docker.sock"):
         return [], []
     from tests.support.docker import labelled_containers, labelled_images, session_label
 
+    label = label or session_label()
     try:
-        return labelled_containers(session_label()), labelled_images(session_label())
+        return labelled_containers(label), labelled_images(label)
     except (OSError, subprocess.SubprocessError):
         return [], []
 
@@ -72,9 +86,9 @@ _LEAKS_KEY = "boxwright_docker_leaks"
 _worker_leaks: list[str] = []  # on the xdist controller: what the workers reported
 
 
-def _remove_leftovers() -> list[str]:
-    """Removes this session's containers and images still on the engine; the lines that name them."""
-    containers, images = _docker_leftovers()
+def _remove_leftovers(label: str | None = None) -> list[str]:
+    """Removes this session's (or ``label``'s) containers and images still on the engine; the lines that name them."""
+    containers, images = _docker_leftovers(label)
     if not containers and not images:
         return []
     from tests.support.docker import remove_images
@@ -103,13 +117,25 @@ def _remove_leftovers() -> list[str]:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: object, error: object) -> None:
-    """On the xdist controller: a worker's leftovers (its own exit status never reaches the controller's)."""
+    """On the xdist controller: a worker's leftovers (its own exit status never reaches the controller's).
+
+    A worker that died (killed, crashed) reported nothing and removed nothing: what carries its
+    session's label is removed and reported here (a fake cloud's pool machines, a sandbox).
+    """
     output = getattr(node, "workeroutput", None) or {}
     _worker_leaks.extend(output.get(_LEAKS_KEY, []))
+    worker = (getattr(node, "workerinput", None) or {}).get("workerid")
+    if _LEAKS_KEY not in output and worker:
+        label = f"boxwright.test-session={os.environ['BOXWRIGHT_TEST_SESSION']}-{worker}"
+        _worker_leaks.extend(f"{line} (worker {worker} died)" for line in _remove_leftovers(label))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when a test left a container or image behind (then remove them)."""
+    fakes = sys.modules.get("tests.support.cloud_providers")
+    if fakes is not None:
+        # The fake clouds end with the session: what their cleanup leaves is a leak like any other.
+        fakes.close_fakes()
     leaks = _remove_leftovers()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:

@@ -7,8 +7,10 @@ live variant needs. ``fake_config(name)`` and ``live_config(name)`` give suite c
 without the live variables, the live config is ``unsupported`` with a reason naming
 them, so the suite reports one named skip per provider (never a silent pass).
 
-A fake starts lazily (on the first sandbox a test asks for), serves until the test
-process exits, and removes every container and image it made then.
+A fake starts lazily (on the first sandbox a test asks for) and serves until the session
+ends (tests/conftest.py closes it before the leak check; atexit if the session never ends):
+it removes every container and image it made then. Its idle warm machines go at the end
+of each test module.
 """
 
 from __future__ import annotations
@@ -57,6 +59,27 @@ def running_fake(name: str, make: Callable[[], Any]) -> Any:
             _fakes[name] = fake
             atexit.register(fake.close)
         return fake
+
+
+def drain_fakes() -> None:
+    """Every running fake's idle warm machines removed: a test module's end (tests/conftest.py).
+
+    The servers stay (Blaxel's SDK keeps its first API URL for the process); the next sandbox boots anew.
+    """
+    with _lock:
+        fakes = list(_fakes.values())
+    for fake in fakes:
+        fake.cloud.drain()
+
+
+def close_fakes() -> None:
+    """Every running fake stopped and all it made removed: the session's end, before its leak check."""
+    with _lock:
+        fakes = list(_fakes.values())
+        _fakes.clear()
+    for fake in fakes:
+        atexit.unregister(fake.close)
+        fake.close()
 
 
 # -- E2B ------------------------------------------------------------------------------------------

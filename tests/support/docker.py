@@ -94,6 +94,12 @@ def session_label() -> str:
     return f"{SESSION_LABEL}={os.environ.get('BOXWRIGHT_TEST_SESSION', 'none')}"
 
 
+def session_labels() -> dict[str, str]:
+    """The labels a container made outside the Docker provider (a fake cloud's machine) carries: the
+    test label and this session's, so the session-end leak check sees it as the provider's own."""
+    return {TEST_LABEL: "1", SESSION_LABEL: os.environ.get("BOXWRIGHT_TEST_SESSION", "none")}
+
+
 def labelled_images(label: str) -> list[str]:
     """Ids of images (tagged or dangling) that carry ``label``."""
     run = subprocess.run(

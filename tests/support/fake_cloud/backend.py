@@ -29,11 +29,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
+from ..docker import session_labels
 from .agent import SOURCE as AGENT
 
 FAKE_LABEL = "boxwright.fake-cloud"
 # The test process that made a machine: a machine whose process is gone (killed before its atexit) is swept.
 PID_LABEL = "boxwright.fake-cloud.pid"
+# The one FakeCloud that made a machine: its cleanup finds by this label what a cancelled make never recorded.
+INSTANCE_LABEL = "boxwright.fake-cloud.instance"
+# How long a drain or a cleanup waits for the warm machines being made (a container create and boot).
+DRAIN_WITHIN = 60.0
 _T = TypeVar("_T")
 
 
@@ -310,6 +315,8 @@ class FakeCloud:
         self._warm: list[Machine] = []
         self._filling: set[asyncio.Future[None]] = set()
         self.warm_size = warm_size
+        self.instance = uuid.uuid4().hex
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's, where machines are made and pooled
         self._sweep_orphans()
         self.recycle = recycle  # wipe and pool a destroyed template machine instead of removing its container
         self.images: set[str] = set()
@@ -360,6 +367,7 @@ class FakeCloud:
             task.add_done_callback(self._filling.discard)
 
     async def _make(self, image: str, network: bool) -> Machine:
+        self._loop = asyncio.get_running_loop()
         host_config = self.api.create_host_config(
             init=True,
             network_mode="none" if not network else None,
@@ -372,7 +380,9 @@ class FakeCloud:
             image,
             command=["sleep", "infinity"],
             user="0:0",
-            labels={FAKE_LABEL: "1", PID_LABEL: str(os.getpid())},
+            # The test and session labels: the session-end leak check (tests/conftest.py) sees a machine
+            # this fake failed to remove, and a dead worker's machines are swept by its session's label.
+            labels={FAKE_LABEL: "1", PID_LABEL: str(os.getpid()), INSTANCE_LABEL: self.instance, **session_labels()},
             host_config=host_config,
             tty=False,
         )
@@ -465,20 +475,53 @@ class FakeCloud:
             await self.call(self.api.remove_image, ref, force=True)
         return True
 
+    def drain(self) -> None:
+        """Remove the idle warm machines (blocking; from the test thread), once those being made are made.
+
+        A test module's end: no machine idles in the pool while other modules run (the next create
+        boots one again). Runs on the server's loop, which owns the pool.
+        """
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._drain(), loop).result(DRAIN_WITHIN + 30)
+
+    async def _drain(self) -> None:
+        if self._filling:
+            await asyncio.wait(set(self._filling), timeout=DRAIN_WITHIN)
+        warm, self._warm = self._warm, []
+        for machine in warm:
+            machine.close()
+            self._all.pop(machine.container, None)
+
+        async def remove(machine: Machine) -> None:
+            with contextlib.suppress(Exception):
+                await self.call(self.api.remove_container, machine.container, force=True, v=True)
+
+        await asyncio.gather(*(remove(m) for m in warm))
+
     def cleanup(self) -> None:
-        """Remove every container and image this fake made (blocking; from the test thread)."""
+        """Remove every container and image this fake made (blocking; from the test thread, its server stopped)."""
+        # A Docker call still running (a warm machine's create, whose task the server's end cancelled)
+        # ends first; no new one starts. What it made is found by this fake's label below.
+        self.pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            machines, images = list(self._all.values()), list(self.images)
+            containers = {machine.container for machine in self._all.values()}
+            images = list(self.images)
             self.machines.clear()
             self._all.clear()
+            self._warm.clear()
             self.images.clear()
-        for machine in machines:
+        with contextlib.suppress(Exception):
+            found = self.api.containers(all=True, quiet=True, filters={"label": f"{INSTANCE_LABEL}={self.instance}"})
+            containers |= {str(row["Id"]) for row in found}
+        for container in containers:
             with contextlib.suppress(Exception):
-                self.api.remove_container(machine.container, force=True, v=True)
+                self.api.remove_container(container, force=True, v=True)
         for ref in images:
             with contextlib.suppress(Exception):
                 self.api.remove_image(ref, force=True)
-        self.pool.shutdown(wait=False)
 
 
 class ServerThread:
