@@ -36,6 +36,22 @@ for i in range(lines):
 """
 
 
+def allow_open_files(tailers: int) -> None:
+    """Raise this process's soft open-file limit (children inherit it) to what ``tailers`` tails need.
+
+    Each tail is a socket here and one in the coordinator (each process has its own limit); a shell's
+    default soft limit (often 1024) is below 1,000 tailers' worth, the hard limit rarely is.
+    """
+    import resource
+
+    needed = tailers + 512
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise RuntimeError(f"{tailers} tailers need {needed} open files; the hard limit is {hard} (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def timed_agent(tmp: Path) -> str:
     path = tmp / "timed_agent.py"
     path.write_text(TIMED_AGENT)
