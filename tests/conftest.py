@@ -133,10 +133,9 @@ def pytest_testnodedown(node: object, error: object) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when a test left a container or image behind (then remove them)."""
     fakes = sys.modules.get("tests.support.cloud_providers")
-    if fakes is not None:
-        # The fake clouds end with the session: what their cleanup leaves is a leak like any other.
-        fakes.close_fakes()
-    leaks = _remove_leftovers()
+    # The fake clouds end with the session: a sandbox never destroyed, or a machine their cleanup
+    # leaves, is a leak like any other.
+    leaks = [*(fakes.close_fakes() if fakes is not None else []), *_remove_leftovers()]
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         # A worker: the controller decides the run's status from what each worker reports.

@@ -72,14 +72,19 @@ def drain_fakes() -> None:
         fake.cloud.drain()
 
 
-def close_fakes() -> None:
-    """Every running fake stopped and all it made removed: the session's end, before its leak check."""
+def close_fakes() -> list[str]:
+    """Every running fake stopped and all it made removed: the session's end, before its leak check.
+
+    Returns a line for each fake sandbox a test created and never destroyed (removed now).
+    """
     with _lock:
-        fakes = list(_fakes.values())
+        fakes = dict(_fakes)
         _fakes.clear()
-    for fake in fakes:
+    left = []
+    for name, fake in fakes.items():
         atexit.unregister(fake.close)
-        fake.close()
+        left.extend(f"  fake {name} sandbox {sandbox}" for sandbox in fake.close())
+    return left
 
 
 # -- E2B ------------------------------------------------------------------------------------------

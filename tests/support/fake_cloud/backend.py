@@ -501,14 +501,18 @@ class FakeCloud:
 
         await asyncio.gather(*(remove(m) for m in warm))
 
-    def cleanup(self) -> None:
-        """Remove every container and image this fake made (blocking; from the test thread, its server stopped)."""
+    def cleanup(self) -> list[str]:
+        """Remove every container and image this fake made (blocking; from the test thread, its server stopped).
+
+        Returns the sandboxes a client was given and never destroyed: a test's leak, for the leak check.
+        """
         # A Docker call still running (a warm machine's create, whose task the server's end cancelled)
         # ends first; no new one starts. What it made is found by this fake's label below.
         self.pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             containers = {machine.container for machine in self._all.values()}
             images = list(self.images)
+            given = [f"{sandbox} (container {machine.container[:12]})" for sandbox, machine in self.machines.items()]
             self.machines.clear()
             self._all.clear()
             self._warm.clear()
@@ -522,6 +526,7 @@ class FakeCloud:
         for ref in images:
             with contextlib.suppress(Exception):
                 self.api.remove_image(ref, force=True)
+        return given
 
 
 class ServerThread:
@@ -574,9 +579,10 @@ class FakeService:
         self.server.start()
         return self
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """Stop the server, remove all the fake made; the sandboxes never destroyed (``FakeCloud.cleanup``)."""
         self.server.stop()
-        self.cloud.cleanup()
+        return self.cloud.cleanup()
 
     def machines(self) -> list[Machine]:
         return list(self.cloud.machines.values())

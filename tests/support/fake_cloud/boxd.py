@@ -84,12 +84,12 @@ class FakeBoxd:
             raise RuntimeError("the fake boxd gRPC server did not start")
         return self
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
         if self._loop is not None and self._stopped is not None:
             self._loop.call_soon_threadsafe(self._stopped.set)
         self._thread.join(10)
         self.http.stop()
-        self.cloud.cleanup()
+        return self.cloud.cleanup()
 
     @property
     def base_url(self) -> str:
