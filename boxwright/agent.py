@@ -343,6 +343,9 @@ async def run_agent(
                     runner_secret=runner_secret,
                     owns=lambda: not _superseded(durability),
                     tool_exec=tool_exec,
+                    # A takeover's fallback when the runner never had the run (boxwright.colocated).
+                    fresh=_as_messages(journal.fresh) if journal is not None and journal.attach else None,
+                    logged=journal.logged if journal is not None and journal.attach else None,
                 )
                 if mode == "colocated"
                 else _drive(
@@ -439,6 +442,10 @@ class _RunClock:
 
 def _error_code(exc: BaseException) -> str:
     return getattr(exc, "code", None) or type(exc).__name__
+
+
+def _as_messages(given: Sequence[Message] | str | None) -> Sequence[Message] | None:
+    return [Message(role="user", content=given)] if isinstance(given, str) else given
 
 
 def _superseded(durability: RunDurability | None) -> bool:

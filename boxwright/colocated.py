@@ -11,10 +11,18 @@ calls it in place of the host-driven drive, so the events land in the same durab
 
 A durable run outlives its host: the runner's run is a task of the runner, not of the host's
 connection, and a tool call made while no host answers is held for a successor
-(``runner.tool_exec``). With ``attach=True`` (a takeover) nothing is started: the successor
-re-points the run's tool-exec URL and run token to its own endpoint (``POST /runs/{id}/attach``)
-and re-reads the runner's NDJSON from byte 0; the takeover's ``align_to_stored_log`` drops what
-the durable log already holds (the same bytes, so the same fingerprints) and forwards the rest.
+(``runner.tool_exec``). With ``attach=True`` (a takeover) the successor re-points the run's
+tool-exec URL and run token to its own endpoint (``POST /runs/{id}/attach``) and re-reads the
+runner's NDJSON from byte 0; the takeover's ``align_to_stored_log`` drops what the durable log
+already holds (the same bytes, so the same fingerprints) and forwards the rest. A takeover finds
+nothing to attach to when its predecessor died before the runner had the run (right after the
+trigger, before the container or the runner existed; or between its first recorded event and its
+``/run``): no runner answers in the box, or the runner does not know the run. Then, and only if
+the log holds nothing the runner produced (the host's own RUN_STARTED at most), the successor
+starts the run itself through ``/run`` from the run's stored input (``fresh``), as a host-driven
+successor does when there is no journal; the runner's ``/run`` is idempotent per run id, so a
+predecessor's request that still landed starts no second agent. A run the runner did produce
+recorded events for but no longer has (its container was replaced) fails: its agent's work is gone.
 A drive that stops without the run's end (a detach, a lost claim) leaves the runner running; the
 host that reads the end shuts the runner down (``POST /shutdown``).
 
@@ -35,6 +43,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,12 +55,13 @@ import msgspec
 from .abort import AbortController, AbortSignal
 from .definition import CANCEL_REASON
 from .errors import UnsupportedCapabilityError
-from .events import Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, decode_event
+from .events import CustomEvent, Event, RunErrorEvent, RunFinishedEvent, RunStartedEvent, decode_event
 from .harnesses.base import Message
 from .journal import Finished, Producing, RunExitProbe, Unknown
 from .runner.launch import spawn_runner
 from .runner.protocol import ContainerRunRequest, RunnerWorkspace
 from .runner.tool_exec import DEFAULT_HOLD
+from .runs import RUN_ACCEPTED_EVENT
 from .sandbox import SandboxHandle, SpawnHandle
 from .scrub import EventScrubber
 from .secrets import mint_token
@@ -76,6 +86,8 @@ RUNNER_SECRET_ENV = "BOXWRIGHT_RUNNER_SECRET"
 RUNNER_LOG = "/tmp/boxwright-runner.log"
 # Env the harness needs from the host: credentials and the model endpoint (never other host env).
 _HARNESS_ENV_PREFIXES = ("ANTHROPIC_", "CLAUDE_")
+
+log = logging.getLogger("boxwright.agent")
 
 
 class ColocatedRunError(RuntimeError):
@@ -164,16 +176,78 @@ async def _healthy(client: httpx.AsyncClient, base: str, handle: SandboxHandle, 
     )
 
 
-async def _attachable(client: httpx.AsyncClient, base: str, headers: Mapping[str, str]) -> None:
+class _NothingToAttach(msgspec.Struct, frozen=True):
+    """Why a takeover found no run to attach to: ``detail`` for the error; ``runner_up``: a runner answered."""
+
+    detail: str
+    runner_up: bool
+
+
+async def _reattach(
+    client: httpx.AsyncClient,
+    base: str,
+    vendor: Mapping[str, str],
+    run_path: str,
+    headers: Mapping[str, str],
+    tool_exec: Mapping[str, str],
+) -> _NothingToAttach | None:
+    """Re-point the runner's run to this host (``None``); what there was instead when it has no such run.
+
+    A runner that answers without ``attach`` (R32), or refuses the attach otherwise, fails the
+    takeover at once: the run may be going on in it, so nothing may start it a second time.
+    """
     try:
-        response = await client.get(f"{base}/health", headers=dict(headers), timeout=10.0)
+        response = await client.get(f"{base}/health", headers=dict(vendor), timeout=10.0)
+    except httpx.HTTPError as exc:
+        return _NothingToAttach(f"no runner answers in the box: {type(exc).__name__}: {exc}", runner_up=False)
+    try:
         health = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as exc:
-        raise ColocatedRunError(
-            f"driver lost; runner cannot re-attach: {type(exc).__name__}: {exc}"[:_DETAIL]
-        ) from None
+    except ValueError:
+        health = None
     if not isinstance(health, dict) or health.get("attach") is not True:
         raise ColocatedRunError("driver lost; runner cannot re-attach (its /health does not report attach)")
+    moved = await client.post(f"{run_path}/attach", json=dict(tool_exec), headers=dict(headers))
+    if moved.status_code == 404 and moved.text == "unknown run":
+        return _NothingToAttach("the runner does not know the run", runner_up=True)
+    if moved.status_code != 200:
+        raise ColocatedRunError(f"driver lost; runner cannot re-attach: {moved.status_code} {moved.text[:_DETAIL]}")
+    return None
+
+
+def _hosts_own(event: Event) -> bool:
+    """Whether the host wrote ``event`` itself before any runner line (the run's start, its announcement)."""
+    if isinstance(event, RunStartedEvent):
+        return True
+    return isinstance(event, CustomEvent) and event.name == RUN_ACCEPTED_EVENT
+
+
+async def _may_start_afresh(
+    run_id: str,
+    lost: _NothingToAttach,
+    fresh: Sequence[Message] | None,
+    logged: Callable[[], Awaitable[Sequence[Event]]] | None,
+) -> Sequence[Message]:
+    """The input to start ``run_id`` from when nothing the runner produced was recorded; else the takeover's error.
+
+    The host itself records only RUN_STARTED and ``run.accepted`` before the runner's first line
+    (``run_agent``, ``pipe_to_run_log``; the runner's own RUN_STARTED is dropped by the drive): a
+    log with nothing else means the agent's work reached nobody, so starting it again repeats
+    nothing a client saw. Anything more came from a runner that no longer has the run (its
+    container was replaced, say): that work is lost, and starting over would tell the client a
+    second, different story.
+    """
+    cannot = f"driver lost; runner cannot re-attach: {lost.detail}"[:_DETAIL]
+    if fresh is None or logged is None:
+        raise ColocatedRunError(cannot)
+    produced = [event for event in await logged() if not _hosts_own(event)]
+    if produced:
+        kinds = ", ".join(sorted({getattr(event, "name", None) or event.type for event in produced}))
+        raise ColocatedRunError(
+            f"{cannot}; {len(produced)} event(s) of the runner's are recorded ({kinds[:_DETAIL]}) and it no longer "
+            "has the run (its container was replaced?): the run cannot be resumed"
+        )
+    log.warning("run %s: %s, and nothing it produced is recorded: starting it now", run_id, lost.detail[:_DETAIL])
+    return fresh
 
 
 def runner_token(secret: str, sandbox_id: str) -> str:
@@ -239,6 +313,8 @@ async def colocated_drive(
     owns: Callable[[], bool] = lambda: True,
     hold: float = DEFAULT_HOLD,
     tool_exec: ToolExecHost | None = None,
+    fresh: Sequence[Message] | None = None,
+    logged: Callable[[], Awaitable[Sequence[Event]]] | None = None,
 ) -> AsyncGenerator[Event, None]:
     """The run's events from the runner; ``attach=True`` takes over a run another host started (module doc).
 
@@ -246,6 +322,8 @@ async def colocated_drive(
     only an explicit cancel stops it); ``owns()`` says whether this drive still owns the sandbox
     (a superseded one shuts nothing down); ``hold``: seconds a tool call no host answers is held;
     ``tool_exec``: where this run's host tools are served (default: a listener of this drive's own).
+    ``fresh`` / ``logged`` (a takeover's): the run's stored input and its stored events; with both,
+    a run the runner never had is started from ``fresh`` instead of failing (module doc).
     """
     endpoint = await runner_endpoint(handle)
     token, exec_token = _tokens_for(handle, run_id, runner_secret, durable)
@@ -283,34 +361,33 @@ async def colocated_drive(
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as client:
             try:
+                lost: _NothingToAttach | None = None
                 if attach:
-                    await _attachable(client, base, vendor)
-                    moved = await client.post(
-                        f"{run_path}/attach",
-                        json={"toolExecUrl": tool_exec_url, "toolExecToken": exec_token},
-                        headers=headers,
-                    )
-                    if moved.status_code != 200:
-                        raise ColocatedRunError(
-                            f"driver lost; runner cannot re-attach: {moved.status_code} {moved.text[:_DETAIL]}"
-                        )
+                    target = {"toolExecUrl": tool_exec_url, "toolExecToken": exec_token}
+                    lost = await _reattach(client, base, vendor, run_path, headers, target)
+                    if lost is not None:
+                        messages = await _may_start_afresh(run_id, lost, fresh, logged)
+                if attach and lost is None:
                     # From byte 0: the takeover's alignment drops what the durable log already holds.
                     stream = client.stream("GET", f"{run_path}/events?offset=0", headers=headers)
                 else:
-                    # Its token on its stdin (or a file it unlinks), never in its env: the agent, same
-                    # user, reads that from /proc. Its output goes to a file in the box, not back over
-                    # this exec: the runner must not depend on (or block on) a host that may die mid-run.
-                    # The runner image's venv by its path: a vendor's exec PATH may not lead there
-                    # (``python`` is then not boxwright's, or none at all).
-                    runner = await spawn_runner(
-                        handle,
-                        token,
-                        host=endpoint.bind,
-                        port=RUNNER_PORT,
-                        env=env,
-                        log=RUNNER_LOG,
-                        python=RUNNER_PYTHON,
-                    )
+                    if lost is None or not lost.runner_up:
+                        # Its token on its stdin (or a file it unlinks), never in its env: the agent, same
+                        # user, reads that from /proc. Its output goes to a file in the box, not back over
+                        # this exec: the runner must not depend on (or block on) a host that may die mid-run.
+                        # The runner image's venv by its path: a vendor's exec PATH may not lead there
+                        # (``python`` is then not boxwright's, or none at all). A takeover's runner may meet
+                        # one its predecessor started that was still booting: one of the two binds the
+                        # port, the other exits, and both hold the same derived token.
+                        runner = await spawn_runner(
+                            handle,
+                            token,
+                            host=endpoint.bind,
+                            port=RUNNER_PORT,
+                            env=env,
+                            log=RUNNER_LOG,
+                            python=RUNNER_PYTHON,
+                        )
                     await _healthy(client, base, handle, vendor)
                     request = ContainerRunRequest(
                         run_id=run_id,

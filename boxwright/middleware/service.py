@@ -780,10 +780,10 @@ class SandboxService:
             self._unregister(run_id, entry)
             raise
         locks = self._locks
-        # A host-driven run whose first driver died before its agent started has no journal: the
-        # successor starts the agent from the stored input (co-located: the runner's run is attached to).
+        # A run whose first driver died before its agent started has nothing to attach to (no journal; or
+        # co-located: no runner, or a runner without the run): the successor starts it from the stored input.
         fresh = None
-        if record.input_messages is not None and spec.mode != "colocated":
+        if record.input_messages is not None:
             try:
                 fresh = decode_run_input(record.input_messages)
             except msgspec.DecodeError as exc:

@@ -9,9 +9,12 @@ stop the agent; ``POST /runs/{id}/cancel`` does.
 A successor host takes a run over with ``POST /runs/{id}/attach`` (``{toolExecUrl,
 toolExecToken}``, under the runner token): the run's tool-exec calls go to it from then on
 (``runner.tool_exec``: calls made while no host answered were held for it), and it re-reads the
-NDJSON from byte 0. ``POST /shutdown`` stops the runner once no run is going (the host that read a
-run's end sends it, so the container's port is free for the next run). ``/health`` says
-``attach: true``; ``GET /runs/{id}`` says whether a run's agent ended (``done``, ``ended``).
+NDJSON from byte 0. A ``/run`` of a run id the runner already has starts nothing: it does what an
+attach does (a successor that found no run to attach to posts the run itself, and its
+predecessor's ``/run`` may have landed meanwhile). ``POST /shutdown`` stops the runner once no run
+is going (the host that read a run's end sends it, so the container's port is free for the next
+run). ``/health`` says ``attach: true``; ``GET /runs/{id}`` says whether a run's agent ended
+(``done``, ``ended``).
 """
 
 from __future__ import annotations
@@ -203,6 +206,11 @@ def create_runner_app(
             open(run.path, "wb").close()
             state.runs[parsed.run_id] = run
             run.task = asyncio.ensure_future(_execute(parsed, run))
+        else:
+            # A second /run of one run starts nothing: it reads the run from byte 0, as an attach does, and
+            # its host (a successor that found no run to attach to as its predecessor's /run still landed)
+            # is the one driving now, so the run's tool calls go to it.
+            run.target.repoint(parsed.tool_exec_url, parsed.tool_exec_token)
         return StreamingResponse(_tail(run, 0), media_type=NDJSON)
 
     async def events(request: Request) -> Response:

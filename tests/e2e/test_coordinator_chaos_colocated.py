@@ -1,0 +1,160 @@
+"""Co-located chaos over one Redis: ten kill points of a replica whose run the runner in the container drives.
+
+Each round starts a co-located run on replica A (the real ``claude`` in the runner image, against
+the fake model; the coordinator only relays tool execution and records events), SIGKILLs A at one
+kill point, and a client reconnecting through replica B with its last offset gets every event
+exactly once and the completed status (tests/support/chaos_replicas.py). The points: right after
+the 202 (no container or runner run exists yet: B starts the run through the runner's ``/run``
+from the stored input), after the first event (the runner may not have the run yet: the same),
+then mid-run points where B re-attaches to the runner's run, and after the last event (A finished
+the run; epoch 1). A module of its own, so pytest-xdist (``--dist loadfile``) runs it on another
+worker than the host-driven rounds (tests/e2e/test_coordinator_chaos.py).
+
+The module's redis-server is its own; the module is bounded by ``BUDGET`` (each round by its own
+timeout) and prints its rounds' durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from boxwright.docker_reap import reap_docker
+from boxwright.providers.docker import DEFAULT_LEASE, LABEL_SANDBOX
+from boxwright.runs import RunRecord
+from boxwright.stores.open import open_store
+from tests.fixtures.fake_model import FakeModelServer
+from tests.support.chaos_replicas import (
+    CASE_LABEL,
+    KILL_POINTS,
+    ROUND_TIMEOUT_S,
+    SCRIPT,
+    KillPoint,
+    ModuleBudget,
+    Pair,
+    kill_round,
+)
+from tests.support.docker import (
+    RUNNER_IMAGE,
+    TEST_LABEL,
+    bridge_address,
+    image_problem,
+    labelled_containers,
+    no_leaked_containers,
+)
+from tests.support.redis_server import RedisServer, redis_server
+from tests.support.replicas import wait_for
+from tests.support.require import agent_cli, missing
+
+# The rounds' replicas keep an after-setup snapshot per thread: removed after the module.
+pytestmark = pytest.mark.usefixtures("no_leaked_containers")
+__all__ = ["no_leaked_containers"]
+
+# at-trigger plus every point of the host-driven rounds: ten.
+COLOCATED_KILL_POINTS: list[tuple[str, KillPoint | None]] = [("at-trigger", None), *KILL_POINTS]
+# Where A may die while it creates the run's container, before its instance record holds it.
+EARLY_KILLS = {"at-trigger", "first-event"}
+# A round is ~15-25 s on two loaded cores; a round whose B never completes the run stops at its tail's bound.
+TAIL_S = 90.0
+BUDGET = ModuleBudget(600.0)
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _module_bound() -> Iterator[None]:
+    # A case that starts once the module's budget is spent fails instead of growing the CI time.
+    BUDGET.check()
+    yield
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[FakeModelServer]:
+    agent_cli("claude")
+    if (problem := image_problem(RUNNER_IMAGE)) is not None:
+        missing(problem)
+    # On the Docker bridge: the agents in the runner's containers reach it there.
+    with FakeModelServer({"chaos": SCRIPT}, host=bridge_address()) as server:
+        yield server
+
+
+def _recorded(store_url: str, key: str) -> bool:
+    async def read() -> bool:
+        async with open_store(store_url) as stores:
+            return await stores.instances.get(key) is not None
+
+    return asyncio.run(read())
+
+
+def _reap_what_a_left(store_url: str, rnd_name: str, record: RunRecord) -> int:
+    """Remove the container A created but never recorded (it died inside the create); returns how many.
+
+    B's own container goes with the run's end (``destroy_on_complete``: destroyed, then its record
+    forgotten). A container of the run's sandbox key still there after that is one no instance
+    record leads to: A was SIGKILLed between the engine's create and the record's write, and B,
+    finding no record, created its own. Nothing but the reaper (``boxwright reap``, by the lease
+    label every container carries) removes such a one: reaped here as it would be once its lease ran
+    out. Only an early kill may leave one; a kill after the run's first recorded event never does.
+    """
+    key = record.sandbox_key
+    assert key, (rnd_name, "the run's record names no sandbox", record)
+    wait_for(f"{rnd_name}: B's sandbox to be destroyed and forgotten", lambda: not _recorded(store_url, key), 60, 0.2)
+    label = f"{LABEL_SANDBOX}={key}"
+    left = asyncio.run(reap_docker(dry_run=True, label=label, now=time.time() + DEFAULT_LEASE + 60))
+    assert len(left) <= (1 if rnd_name in EARLY_KILLS else 0), (rnd_name, "containers left behind", left)
+    if left:
+        reaped = asyncio.run(reap_docker(label=label, now=time.time() + DEFAULT_LEASE + 60))
+        assert [(r.reason, r.removed) for r in reaped] == [("lease-expired", True)], (rnd_name, reaped)
+    return len(left)
+
+
+@pytest.mark.timeout(ROUND_TIMEOUT_S * len(COLOCATED_KILL_POINTS))
+def test_colocated_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
+    tmp_path: Path, redis: RedisServer, model: FakeModelServer
+) -> None:
+    case = f"chaos-{secrets.token_hex(4)}"
+    port = model.base_url.rsplit(":", 1)[1]
+    env = {
+        "BWT_RUNNER_IMAGE": RUNNER_IMAGE,
+        "BWT_DOCKER_LABELS": f"{TEST_LABEL}=1,{CASE_LABEL}={case}",
+        "BOXWRIGHT_RUNNER_SECRET": "chaos-test-runner-secret-" + secrets.token_hex(8),
+        "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}",
+        "ANTHROPIC_API_KEY": "sk-test",
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+    }
+    pair = Pair(tmp_path, redis.url(prefix=redis.fresh_prefix()), env)
+    epochs: dict[str, int] = {}
+    leftovers: dict[str, int] = {}
+    try:
+        for name, stop in COLOCATED_KILL_POINTS:
+            with BUDGET.timed(f"co-located {name}"):
+                rnd = kill_round(pair, name, stop, "claude-box", "docker", tail_s=TAIL_S)
+            assert rnd.record is not None
+            epochs[name] = rnd.record.driver_epoch
+            leftovers[name] = _reap_what_a_left(pair.store, name, rnd.record)
+    finally:
+        pair.close()
+        try:
+            wait_for("the runs' containers to go", lambda: labelled_containers(f"{CASE_LABEL}={case}") == [], 60, 0.2)
+        finally:
+            # A round that failed before its reap: its containers go anyway (the module's check reports them).
+            if left := labelled_containers(f"{CASE_LABEL}={case}"):
+                subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
+    print(f"\nepochs by kill point: {epochs}; containers A left unrecorded: {leftovers}")
+    # Every kill before the run's end was a takeover (kill_round checks each epoch against the record at the kill).
+    assert len(epochs) == 10 and all(epochs[name] == 2 for name, _ in COLOCATED_KILL_POINTS[:-2]), epochs
+
+
+def test_zz_report_durations() -> None:
+    print(f"\nco-located chaos rounds: {len(BUDGET.durations)}, {BUDGET.total:.1f} s in all")
+    assert BUDGET.total < BUDGET.seconds
