@@ -1,12 +1,24 @@
 """The coordinator's periodic work, owned by its lifespan: the inactivity watchdog and the sweep.
 
-Watchdog (decision 4, R34): a run this replica drives whose log has not grown for
-``inactivity_timeout`` seconds is stopped as a cancel stops it (its sandbox destroyed) and ends
-``failed`` with ``WATCHDOG_MESSAGE`` (``SandboxService.fail_run``): its driver writes that one
-final status, and the cancel is recorded after. Its scope is this replica's own runs, and that
-is the right one: only the lease holder may write a run's status, and a replica that died has
-no watchdog at all; its runs' leases expire, the sweep below adopts them, and the adopter's
-watchdog watches them from then on.
+Watchdog (decision 4, R34): a run whose log has not grown for ``inactivity_timeout`` seconds is
+stopped as a cancel stops it (its sandbox destroyed) and ends ``failed`` with ``WATCHDOG_MESSAGE``
+(``SandboxService.fail_run``): its driver writes that one final status, and the cancel is
+recorded after. Idle time counts from the log's last event (its stored ``timestamp``), not from
+when this replica first looked: a run adopted after being idle for most of the timeout is failed
+when the timeout is up, not a whole timeout after its adoption. Two kinds of runs are watched:
+
+- the runs this replica drives (started here or adopted);
+- running runs nobody drives any more (their replica died, or shut down, and no sweep or client
+  adopted them): idle past the timeout, each is adopted through the service's one takeover path
+  (an attach that waits ``ORPHAN_PROBE_S`` for the lease), and so becomes a run driven here,
+  failed by a later tick. The lease is the fence: a run a live replica still holds is left to
+  that replica's own watchdog, and of two replicas probing one dead replica's run one claims it,
+  the other's probe is withdrawn. Without this, a coordinator with the sweep off left a dead
+  replica's runs ``running`` for ever.
+
+A run is never failed within ``ADOPTION_GRACE_S`` of this replica first seeing it driven here:
+a takeover first waits out the log's quiet window, then re-enters the sandbox, and one stopped
+before it re-entered cannot stop the agent in there (it would run on, its sandbox kept).
 
 Sweep: runs nobody drives any more, at most ``max_runs`` a sweep, are adopted through the
 service's one takeover path: the detached ones (``list_reclaimable``: their driver stamped a
@@ -16,7 +28,9 @@ so only the lease tells: each candidate gets an attach that waits ``ORPHAN_PROBE
 lease, and one a live replica still holds is left to it. ``/admin/sweep`` runs the same sweep on
 demand.
 Ticks never overlap (each loop awaits its tick), and a tick that raises is logged and the loop
-goes on. The clock is injectable, so a test moves time instead of waiting it out.
+goes on. Both clocks are injectable, so a test moves time instead of waiting it out: ``clock``
+(monotonic seconds) measures what this replica saw, ``wall_clock`` (epoch seconds) is what the
+events' stored timestamps are compared with.
 """
 
 from __future__ import annotations
@@ -34,8 +48,9 @@ import msgspec
 
 from boxwright.events import now_ms
 from boxwright.middleware.service import SandboxService
-from boxwright.runs import RunError, RunRecord
+from boxwright.runs import EventLog, RunError, RunRecord, format_offset, parse_offset
 from boxwright.secrets import redact
+from boxwright.takeover import DEFAULT_FENCE_QUIET_MS
 
 log = logging.getLogger("boxwright.middleware")
 
@@ -47,6 +62,8 @@ WATCHDOG_SETTLE_S: Final = 30.0
 ORPHAN_PROBE_S: Final = 0.5
 # How many running runs one sweep reads to find the orphans among them.
 ORPHAN_SCAN: Final = 1000
+# A takeover's quiet window (DEFAULT_FENCE_QUIET_MS) and its sandbox's re-entry, with room to spare.
+ADOPTION_GRACE_S: Final = DEFAULT_FENCE_QUIET_MS / 1000 + 5.0
 
 
 class SweepResult(msgspec.Struct, rename="camel", kw_only=True):
@@ -63,7 +80,30 @@ class SweepResult(msgspec.Struct, rename="camel", kw_only=True):
 @dataclass
 class _Seen:
     tail: str
+    # ``clock()`` when this replica first saw the log end at ``tail``.
     since: float
+    # ``clock()`` when this replica first saw the run driven here (kept across new tails).
+    first: float
+    # How long the log had been idle by then (its last event's stamp against ``wall_clock``): for a run
+    # adopted after its replica died, the time nobody was watching it.
+    idle_before: float = 0.0
+
+
+async def last_event_ms(log: EventLog, run_id: str, tail: str | None = None) -> int | None:
+    """The stored ``timestamp`` of ``run_id``'s last event (``None``: an empty log, or a last event with none).
+
+    ``tail`` is the log's tail when the caller read it already. Reads one event, never waits.
+    """
+    if tail is None:
+        tail = await log.tail(run_id)
+    seq = parse_offset(run_id, tail) or 0
+    if seq <= 0:
+        return None
+    reader = log.read(run_id, format_offset(run_id, seq - 1), live=False)
+    async with contextlib.aclosing(reader):  # type: ignore[type-var]  # every store's read is an async generator
+        async for _offset, event in reader:
+            return event.timestamp
+    return None
 
 
 @dataclass(eq=False)
@@ -76,6 +116,8 @@ class Scheduler:
     sweep_interval: float
     max_runs: int = 25
     clock: Callable[[], float] = time.monotonic
+    # Epoch seconds, compared with the events' stored timestamps (epoch ms, stamped by whoever made them).
+    wall_clock: Callable[[], float] = time.time
     _seen: dict[str, _Seen] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     watchdog_ticks: int = 0
@@ -115,7 +157,7 @@ class Scheduler:
             log.info("sweep adopted %d run(s): %s", result.adopted, ", ".join(result.run_ids))
 
     async def watchdog_tick(self) -> list[str]:
-        """One watchdog pass over the runs driven here; returns the ids it failed."""
+        """One watchdog pass (the runs driven here, then the ones nobody drives); returns the ids it failed."""
         self.watchdog_ticks += 1
         now = self.clock()
         # Runs this replica drives: a takeover still waiting for another replica's lease is not one.
@@ -127,13 +169,91 @@ class Scheduler:
             tail = await self.service.log.tail(run_id)
             seen = self._seen.get(run_id)
             if seen is None or seen.tail != tail:
-                self._seen[run_id] = _Seen(tail, now)
-                continue
-            if now - seen.since > self.inactivity_timeout:
+                first = now if seen is None else seen.first
+                seen = self._seen[run_id] = _Seen(tail, now, first, await self._idle_at_sight(run_id, tail))
+            idle = now - seen.since + seen.idle_before
+            if idle > self.inactivity_timeout and now - seen.first >= ADOPTION_GRACE_S:
                 del self._seen[run_id]
                 await self._fail_idle(run_id)
                 failed.append(run_id)
+        adopted = await self._adopt_idle_undriven()
+        for run_id in adopted:
+            # Seen from its adoption on: failed once the grace is over, as any idle run driven here.
+            tail = await self.service.log.tail(run_id)
+            self._seen[run_id] = _Seen(tail, now, now, await self._idle_at_sight(run_id, tail))
+        if adopted:
+            log.warning("watchdog adopted %d idle run(s) nobody drove: %s", len(adopted), ", ".join(adopted))
         return failed
+
+    async def _idle_at_sight(self, run_id: str, tail: str) -> float:
+        """How long the log ending at ``tail`` had been idle when this replica saw it (0 when it cannot tell)."""
+        try:
+            stamp = await last_event_ms(self.service.log, run_id, tail)
+        except Exception as exc:
+            # Counted from now, as if just seen: a late failure, never a wrong one.
+            log.warning("watchdog: run %r: could not read its last event: %s", run_id, redact(str(exc)))
+            return 0.0
+        if stamp is None:
+            return 0.0
+        # Clamped: another host's clock ahead of ours must not make the log look younger than just seen.
+        return max(0.0, self.wall_clock() - stamp / 1000)
+
+    async def _adopt_idle_undriven(self) -> list[str]:
+        """Running runs nobody drives, idle past the timeout: adopted through the takeover path (a later tick fails
+        them, as runs driven here); returns the ids adopted.
+
+        Only a run whose lease nobody renews can be adopted (the claim waits ``ORPHAN_PROBE_S`` for
+        it), so a live replica's idle run is left to that replica's watchdog, and two replicas
+        probing one dead replica's run never both drive it: one claims it, the other's probe is
+        withdrawn before it writes anything.
+        """
+        list_running = getattr(self.service.runs, "list_running", None)
+        budget = max(self.max_runs, 0)
+        if budget <= 0 or not callable(list_running):
+            return []
+        try:
+            running: list[RunRecord] = list(await list_running(ORPHAN_SCAN))
+        except Exception as exc:
+            log.error("watchdog: listing running runs failed: %s", redact(str(exc)))
+            return []
+        here = set(self.service.active_runs)
+        idle: list[RunRecord] = []
+        for record in running:
+            if len(idle) >= budget:
+                break
+            if (
+                record.run_id in here
+                or record.cancel_requested is True
+                # Never claimed: a driver is still on its way to the claim, or the run is not durable
+                # (its live driver holds no lease, so a claim here would drive it twice).
+                or record.driver_epoch is None
+                # Younger than the timeout: it cannot have been idle that long (no log read needed).
+                or self.wall_clock() - record.started_at / 1000 <= self.inactivity_timeout
+            ):
+                continue
+            if await self._idle_for(record) > self.inactivity_timeout:
+                idle.append(record)
+        if not idle:
+            return []
+        outcomes = await asyncio.gather(
+            *(self.service.attach(r.run_id, wait_s=ORPHAN_PROBE_S) for r in idle), return_exceptions=True
+        )
+        adopted: list[str] = []
+        for record, outcome in zip(idle, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("watchdog: run %r: %s", record.run_id, redact(f"{type(outcome).__name__}: {outcome}"))
+            elif outcome.driving:
+                adopted.append(record.run_id)
+        return adopted
+
+    async def _idle_for(self, record: RunRecord) -> float:
+        """Seconds since ``record``'s run last made progress: its log's last event, else its last record write."""
+        try:
+            stamp = await last_event_ms(self.service.log, record.run_id)
+        except Exception as exc:
+            log.warning("watchdog: run %r: could not read its last event: %s", record.run_id, redact(str(exc)))
+            return 0.0
+        return self.wall_clock() - (stamp if stamp is not None else record.updated_at) / 1000
 
     async def _fail_idle(self, run_id: str) -> None:
         log.warning("run %r: no event for %.0f s; failing it (%s)", run_id, self.inactivity_timeout, WATCHDOG_MESSAGE)
@@ -212,4 +332,4 @@ class Scheduler:
                 result.not_adopted += 1
 
 
-__all__ = ["WATCHDOG_CODE", "WATCHDOG_MESSAGE", "Scheduler", "SweepResult"]
+__all__ = ["WATCHDOG_CODE", "WATCHDOG_MESSAGE", "Scheduler", "SweepResult", "last_event_ms"]
