@@ -158,13 +158,16 @@ async def abortable_create(
     creating: Awaitable[Any],
     signal: AbortSignal | None,
     ready: Callable[[Any], Awaitable[H]],
-    delete: Callable[[], Awaitable[None]],
+    delete: Callable[[Any], Awaitable[None]],
+    answer_within: float = CREATE_ANSWER,
 ) -> H:
     """A create that leaves no sandbox behind when it is aborted, cancelled or fails.
 
     ``creating`` is the vendor's create call; an abort before it answers raises at once. ``ready``
     turns its answer into the handle (and prepares it); an abort by then raises too. On any
-    failure ``delete`` runs once the create call answered (the sandbox may exist by then).
+    failure ``delete`` runs once the create call answered, with its answer (the sandbox may exist
+    by then), or with None when it failed or gave none within ``answer_within`` seconds: then the
+    sandbox, if any, is known only by what the create named or labelled it.
     """
     created = asyncio.ensure_future(creating)
     aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
@@ -178,18 +181,21 @@ async def abortable_create(
             signal.throw_if_aborted()
         return handle
     except BaseException:
-        await asyncio.shield(_delete_created(created, delete))
+        await asyncio.shield(_delete_created(created, delete, answer_within))
         raise
     finally:
         if aborted is not None:
             aborted.cancel()
 
 
-async def _delete_created(created: asyncio.Future[Any], delete: Callable[[], Awaitable[None]]) -> None:
+async def _delete_created(
+    created: asyncio.Future[Any], delete: Callable[[Any], Awaitable[None]], answer_within: float
+) -> None:
+    answer = None
     with contextlib.suppress(BaseException):
-        await asyncio.wait_for(asyncio.shield(created), CREATE_ANSWER)
+        answer = await asyncio.wait_for(asyncio.shield(created), answer_within)
     with contextlib.suppress(Exception):
-        await delete()
+        await delete(answer)
 
 
 async def make_workdir(plain: Callable[[str], Awaitable[ExecResult]], workdir: str) -> None:
@@ -394,6 +400,14 @@ class ProcessSet(Generic[P]):
     def __init__(self) -> None:
         self.live: set[P] = set()
 
+    @staticmethod
+    def started(opts: ProcessOptions | None) -> ProcessOptions:
+        """A spawn's options (the defaults for None), an already aborted signal refused before anything starts."""
+        opts = opts or ProcessOptions()
+        if opts.signal is not None:
+            opts.signal.throw_if_aborted()
+        return opts
+
     def track(self, process: P, signal: AbortSignal | None, abort_sig: int | None = None) -> P:
         """Keep ``process`` until it exits; ``signal`` aborting kills it (with ``abort_sig``)."""
         self.live.add(process)
@@ -416,25 +430,21 @@ class SpawnSet(ProcessSet[P]):
     """The process API of a handle whose ``exec`` is its ``spawn`` run to the end (``exec_result``).
 
     A subclass writes ``spawn``; it starts with ``started(opts)``: the options, an aborted signal refused.
+    ``end_stdin``: ``exec`` ends the command's stdin first (a vendor whose stream stays open until then).
     """
+
+    end_stdin = False
 
     def __init__(self, handle: Any) -> None:
         super().__init__()
         self._handle = handle
-
-    @staticmethod
-    def started(opts: ProcessOptions | None) -> ProcessOptions:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
-        return opts
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> P:
         raise NotImplementedError
 
     async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
         # A spawned process is a SpawnHandle too (its streams set in __init__); P's bound says only RemoteProcess.
-        return await exec_result(cast(SpawnHandle, await self.spawn(command, opts)))
+        return await exec_result(cast(SpawnHandle, await self.spawn(command, opts)), end_stdin=self.end_stdin)
 
 
 class RemoteHandle:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
-import contextlib
 import os
 import re
 import uuid
@@ -44,7 +43,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..errors import (
-    AbortError,
     ProviderUnavailableError,
     SandboxCommandError,
     SandboxNotFoundError,
@@ -72,18 +70,19 @@ from ._remote import (
     GroupProcess,
     NoStdin,
     OwnedSandbox,
-    ProcessSet,
+    RemoteHandle,
     ShellFs,
+    SpawnSet,
     TextChannel,
+    abortable_create,
     channel,
     check_port,
-    exec_result,
     import_sdk,
+    make_workdir,
     map_path,
     owned,
     owner_id,
     ownership,
-    script,
 )
 
 NAME = "blaxel"
@@ -266,16 +265,15 @@ class BlaxelProcess(GroupProcess):
         self._exit.set_result(final)
 
 
-class BlaxelProcesses(ProcessSet[BlaxelProcess]):
+class BlaxelProcesses(SpawnSet[BlaxelProcess]):
+    _handle: BlaxelHandle
+
     def __init__(self, handle: BlaxelHandle) -> None:
-        super().__init__()
-        self._handle = handle
+        super().__init__(handle)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> BlaxelProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         pid_file = f"/dev/shm/.boxwright-bl-{uuid.uuid4().hex}.pid"
         process = BlaxelProcess(handle, pid_file)
@@ -307,9 +305,6 @@ class BlaxelProcesses(ProcessSet[BlaxelProcess]):
         finally:
             process.finish(code, error)
 
-    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        return await exec_result(await self.spawn(command, opts))
-
 
 class BlaxelPorts:
     def __init__(self, handle: BlaxelHandle) -> None:
@@ -328,8 +323,9 @@ class BlaxelPorts:
         return channel(preview.url, {PREVIEW_HEADER: token.value}, token=token.value)
 
 
-class BlaxelHandle:
+class BlaxelHandle(RemoteHandle):
     provider = NAME
+    _provider: BlaxelProvider
 
     def __init__(self, provider: BlaxelProvider, sdk: Any, env: Mapping[str, str] | None) -> None:
         self._provider = provider
@@ -346,9 +342,6 @@ class BlaxelHandle:
         self.git = ExecGit(self.process)
         self.ports = BlaxelPorts(self)
         self.destroyed = False
-
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
 
     async def plain(self, line: str) -> ExecResult:
         """A helper command (fs op, kill script): no supervisor, no handle env, from ``/``."""
@@ -370,12 +363,6 @@ class BlaxelHandle:
 
     async def fork(self) -> BlaxelHandle:
         raise UnsupportedCapabilityError(NAME, "fork", "Blaxel fork is a source-scoped preview")
-
-    async def destroy(self) -> None:
-        if not self.destroyed:
-            await self.process.kill_all()
-        self.destroyed = True
-        await self._provider.destroy(DestroyInput(id=self.id))
 
 
 class BlaxelProvider:
@@ -455,34 +442,16 @@ class BlaxelProvider:
             config["ttl"] = self.ttl
         if self._region():
             config["region"] = self._region()
-        creating = asyncio.ensure_future(core.SandboxInstance.create(config))
-        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
-        handle: BlaxelHandle | None = None
-        try:
-            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if aborted is not None and aborted.done() and not creating.done():
-                raise AbortError(signal.reason if signal is not None else None)
-            handle = BlaxelHandle(self, await creating, input.env)
-            made = await handle.plain(script("create", 'mkdir -p -- "$1"', self.workdir))
-            if made.exit_code != 0:
-                raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
-            if signal is not None:
-                signal.throw_if_aborted()
-            return handle
-        except BaseException:
-            # The sandbox is deleted once the create call answered (the name is ours either way).
-            await asyncio.shield(self._clean_up_create(creating, name))
-            raise
-        finally:
-            if aborted is not None:
-                aborted.cancel()
+        env = input.env
 
-    async def _clean_up_create(self, creating: asyncio.Future[Any], name: str) -> None:
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(creating), 120)
-        with contextlib.suppress(Exception):
-            await self.destroy(DestroyInput(id=name))
+        async def ready(sdk: Any) -> BlaxelHandle:
+            handle = BlaxelHandle(self, sdk, env)
+            await make_workdir(handle.plain, self.workdir)
+            return handle
+
+        # The sandbox is deleted once the create call answered (the name is ours either way).
+        creating = core.SandboxInstance.create(config)
+        return await abortable_create(creating, signal, ready, lambda _: self.destroy(DestroyInput(id=name)))
 
     async def resume(self, input: ResumeInput) -> BlaxelHandle | None:
         core = self._ready()

@@ -29,7 +29,6 @@ Seed and spec §2.5, point by point:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import os
 import re
@@ -39,7 +38,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import (
-    AbortError,
     ProcessExitedError,
     ProviderUnavailableError,
     SandboxCommandError,
@@ -68,18 +66,21 @@ from ._remote import (
     WRAPPER,
     GroupProcess,
     OwnedSandbox,
-    ProcessSet,
+    RemoteHandle,
     ShellFs,
+    SpawnSet,
     TextChannel,
+    abortable_create,
     channel,
     check_port,
-    exec_result,
+    env_line,
     import_sdk,
+    make_workdir,
     map_path,
     owned,
     owner_id,
     ownership,
-    script,
+    vm_name,
 )
 
 NAME = "boxd"
@@ -89,6 +90,7 @@ ORG_ENV = "BOXD_ORG"
 BASE_URL_ENV = "BOXD_BASE_URL"
 DEFAULT_WORKDIR = "/home/boxd/workspace"
 KEY_HELP = f"set {API_KEY_ENV} and {ORG_ENV} (https://boxd.sh) or pass boxd_sandbox(api_key=..., org=...)"
+NAME_LIMIT = 48  # boxd's longest machine name
 SNAPSHOT_READY = frozenset({"ready", "available", "active"})
 SNAPSHOT_FAILED = frozenset({"failed", "error"})
 _SNAPSHOT_WAIT = 600.0
@@ -119,23 +121,6 @@ def _capabilities() -> Capabilities:
         durable_filesystem=True,  # the disk survives stop, suspend and hibernate
         fork=True,
     )
-
-
-def env_line(values: Mapping[str, str]) -> bytes:
-    """The loader's input: ``export K='v'`` lines, base64 on one line (keys checked, values quoted)."""
-    lines = []
-    for key, value in values.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ValueError(f"not an environment variable name: {key!r}")
-        lines.append(f"export {key}={quote(value)}")
-    return base64.b64encode("\n".join(lines).encode()) + b"\n"
-
-
-def machine_name(key: str | None) -> str:
-    if not key:
-        return f"bw-{uuid.uuid4().hex[:16]}"
-    name = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", key.lower())).strip("-")
-    return f"bw-{name}"[:48].rstrip("-")
 
 
 class _Stdin:
@@ -200,15 +185,12 @@ class BoxdProcess(GroupProcess):
             await self.stream.close()
 
 
-class BoxdProcesses(ProcessSet[BoxdProcess]):
-    def __init__(self, handle: BoxdHandle) -> None:
-        super().__init__()
-        self._handle = handle
+class BoxdProcesses(SpawnSet[BoxdProcess]):
+    _handle: BoxdHandle
+    end_stdin = True  # the bidi call's stdin stays open until ended: a command reading it would wait
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> BoxdProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         pid_file = f"/dev/shm/.boxwright-boxd-{uuid.uuid4().hex}.pid"
         cwd = map_path(opts.cwd or "", handle.workdir)
@@ -218,11 +200,6 @@ class BoxdProcesses(ProcessSet[BoxdProcess]):
         await stream.__aenter__()  # opens the bidi call, so stdin can be written
         await stream.write(env_line(values))
         return self.track(BoxdProcess(handle, stream, pid_file), opts.signal)
-
-    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        process = await self.spawn(command, opts)
-        await process.stdin.end()
-        return await exec_result(process)
 
 
 class BoxdPorts:
@@ -239,8 +216,9 @@ class BoxdPorts:
         return channel(machine.access.url)  # public: anyone with the URL reaches the port
 
 
-class BoxdHandle:
+class BoxdHandle(RemoteHandle):
     provider = NAME
+    _provider: BoxdProvider
 
     def __init__(self, provider: BoxdProvider, machine: Any, env: Mapping[str, str] | None) -> None:
         self._provider = provider
@@ -256,9 +234,6 @@ class BoxdHandle:
         self.git = ExecGit(self.process)
         self.ports = BoxdPorts(self)
         self.destroyed = False
-
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
 
     async def plain(self, line: str) -> ExecResult:
         """A helper command (fs op, kill script): no wrapper, no handle env."""
@@ -285,15 +260,9 @@ class BoxdHandle:
             await asyncio.sleep(0.5)
 
     async def fork(self) -> BoxdHandle:
-        made = await self.client.machines.fork(self.id, machine_name(None), isolated=True)
+        made = await self.client.machines.fork(self.id, vm_name(None, NAME_LIMIT), isolated=True)
         await self.client.machines.wait_until_ready(made.id)
         return BoxdHandle(self._provider, made, self.env.get())
-
-    async def destroy(self) -> None:
-        if not self.destroyed:
-            await self.process.kill_all()
-        self.destroyed = True
-        await self._provider.destroy(DestroyInput(id=self.id))
 
 
 class BoxdProvider:
@@ -381,7 +350,7 @@ class BoxdProvider:
                 NAME, "network_policy", "boxd machines keep their egress; leave the network capability unset"
             )
         client = self.client()
-        name = machine_name(key)
+        name = vm_name(key, NAME_LIMIT)
         kwargs: dict[str, Any] = {
             "org": self._org(),
             "labels": ownership(key, self.run_id, self.lease_seconds, self.labels),
@@ -392,37 +361,18 @@ class BoxdProvider:
         }
         if snapshot:
             kwargs["from_snapshot"] = snapshot
-        creating = asyncio.ensure_future(client.machines.create(name, **kwargs))
-        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
-        handle: BoxdHandle | None = None
-        try:
-            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if aborted is not None and aborted.done() and not creating.done():
-                raise AbortError(signal.reason if signal is not None else None)
-            machine = await creating
+
+        async def ready(machine: Any) -> BoxdHandle:
             await client.machines.wait_until_ready(machine.id)
             handle = BoxdHandle(self, machine, env)
-            made = await handle.plain(script("create", 'mkdir -p -- "$1"', self.workdir))
-            if made.exit_code != 0:
-                raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
-            if signal is not None:
-                signal.throw_if_aborted()
+            await make_workdir(handle.plain, self.workdir)
             return handle
-        except BaseException:
-            # The machine is deleted after the current SDK call answered (seed).
-            await asyncio.shield(self._clean_up_create(creating, name))
-            raise
-        finally:
-            if aborted is not None:
-                aborted.cancel()
 
-    async def _clean_up_create(self, creating: asyncio.Future[Any], name: str) -> None:
-        machine = None
-        with contextlib.suppress(BaseException):
-            machine = await asyncio.wait_for(asyncio.shield(creating), 120)
-        with contextlib.suppress(Exception):
+        async def delete(machine: Any) -> None:
             await self.destroy(DestroyInput(id=str(machine.id) if machine is not None else name))
+
+        # The machine is deleted after the current SDK call answered (seed): by its id, else its name.
+        return await abortable_create(client.machines.create(name, **kwargs), signal, ready, delete)
 
     async def resume(self, input: ResumeInput) -> BoxdHandle | None:
         boxd = _sdk()

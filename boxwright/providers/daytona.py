@@ -45,7 +45,6 @@ from typing import Any
 
 from ..abort import AbortSignal
 from ..errors import (
-    AbortError,
     ProcessExitedError,
     ProviderUnavailableError,
     SandboxCommandError,
@@ -77,11 +76,13 @@ from ._remote import (
     RemoteProcess,
     ShellFs,
     TextChannel,
+    abortable_create,
     channel,
     check_port,
     collect,
     exec_result,
     import_sdk,
+    make_workdir,
     map_path,
     owned,
     owner_id,
@@ -228,9 +229,7 @@ class DaytonaProcesses(ProcessSet[DaytonaProcess]):
         self._handle = handle
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None, *, stdin: bool = True) -> DaytonaProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         env = {**handle.env.get(), **(opts.env or {})}
         parts = []
@@ -516,9 +515,6 @@ class DaytonaProvider:
             block_all = True
         nonce = secrets.token_hex(8)
         made_secrets: list[str] = []
-        creating: asyncio.Future[Any] | None = None
-        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
-        handle: DaytonaHandle | None = None
         try:
             mounted: dict[str, str] = {}
             for key, value in (env or {}).items():
@@ -543,40 +539,30 @@ class DaytonaProvider:
                 network_block_all=block_all,
                 secrets=mounted or None,
             )
-            creating = asyncio.ensure_future(client.create(params, timeout=120))
-            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if aborted is not None and aborted.done() and not creating.done():
-                raise AbortError(signal.reason if signal is not None else None)
-            handle = DaytonaHandle(self, await creating, None)
-            # From the default cwd (the user's home): the workdir under it is the portable /workspace.
-            made_dir = await handle.plain(f"mkdir -p {quote(self.workdir)}")
-            if made_dir.exit_code != 0:
-                raise SandboxCommandError("create", made_dir.exit_code, made_dir.stderr.strip())
-            if signal is not None:
-                signal.throw_if_aborted()
-            return handle
-        except BaseException:
-            await asyncio.shield(self._clean_up_create(creating, handle, nonce, made_secrets))
-            raise
-        finally:
-            if aborted is not None:
-                aborted.cancel()
 
-    async def _clean_up_create(
-        self, creating: asyncio.Future[Any] | None, handle: DaytonaHandle | None, nonce: str, made: list[str]
-    ) -> None:
+            async def ready(sandbox: Any) -> DaytonaHandle:
+                handle = DaytonaHandle(self, sandbox, None)
+                # From the default cwd (the user's home): the workdir under it is the portable /workspace.
+                await make_workdir(handle.plain, self.workdir)
+                return handle
+
+            async def delete(sandbox: Any) -> None:
+                # The sandbox the create answered, or the one its nonce label finds when no answer came.
+                ids = (
+                    [str(sandbox.id)] if sandbox is not None else [m.id for m in await self.list_owned({NONCE: nonce})]
+                )
+                for sandbox_id in ids:
+                    with contextlib.suppress(Exception):
+                        await self.destroy(DestroyInput(id=sandbox_id))
+
+            return await abortable_create(client.create(params, timeout=120), signal, ready, delete)
+        except BaseException:
+            # After the sandbox (abortable_create deleted it): the Secrets its env made.
+            await asyncio.shield(self._delete_secrets(made_secrets))
+            raise
+
+    async def _delete_secrets(self, made: list[str]) -> None:
         client = self._client()
-        if handle is None and creating is not None:
-            with contextlib.suppress(BaseException):
-                handle = DaytonaHandle(self, await asyncio.wait_for(asyncio.shield(creating), 120), None)
-        ids = [handle.id] if handle is not None else []
-        if not ids:
-            with contextlib.suppress(Exception):
-                ids = [made.id for made in await self.list_owned({NONCE: nonce})]
-        for sandbox_id in ids:
-            with contextlib.suppress(Exception):
-                await self.destroy(DestroyInput(id=sandbox_id))
         for secret_id in made:
             with contextlib.suppress(Exception):
                 await client.secret.delete(secret_id)

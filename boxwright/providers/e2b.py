@@ -38,7 +38,6 @@ from typing import Any, Literal
 
 from ..abort import AbortSignal
 from ..errors import (
-    AbortError,
     ProcessExitedError,
     ProviderUnavailableError,
     SandboxCommandError,
@@ -69,13 +68,16 @@ from ._remote import (
     GroupProcess,
     OwnedSandbox,
     ProcessSet,
+    RemoteHandle,
     ShellFs,
     TextChannel,
+    abortable_create,
     channel,
     check_port,
     collect,
     exec_result,
     import_sdk,
+    make_workdir,
     map_path,
     owned,
     owner_id,
@@ -191,9 +193,7 @@ class E2BProcesses(ProcessSet[E2BProcess]):
         self._handle = handle
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None, *, stdin: bool = True) -> E2BProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         # /dev/shm, not /tmp: the record of a command that lists /tmp is not among what it lists.
         pid_file = f"/dev/shm/.boxwright-e2b-{uuid.uuid4().hex}.pid"
@@ -257,8 +257,9 @@ class E2BPorts:
         return channel(url, {TRAFFIC_HEADER: token} if token else None)
 
 
-class E2BHandle:
+class E2BHandle(RemoteHandle):
     provider = NAME
+    _provider: E2BProvider
 
     def __init__(self, provider: E2BProvider, sdk: Any, env: Mapping[str, str] | None) -> None:
         self._provider = provider
@@ -273,9 +274,6 @@ class E2BHandle:
         self.git = ExecGit(self.process)
         self.ports = E2BPorts(self)
         self.destroyed = False
-
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
 
     async def start(self, line: str, env: Mapping[str, str], cwd: str, stdin: bool, pid_file: str | None) -> E2BProcess:
         e2b = _sdk()
@@ -321,12 +319,6 @@ class E2BHandle:
         if made is None or isinstance(made, Exception):
             raise SandboxCommandError("fork", -1, f"E2B did not start the fork: {made!r}")
         return E2BHandle(self._provider, made, self.env.get())
-
-    async def destroy(self) -> None:
-        if not self.destroyed:
-            await self.process.kill_all()
-        self.destroyed = True
-        await self._provider.destroy(DestroyInput(id=self.id))
 
 
 class E2BProvider:
@@ -431,42 +423,22 @@ class E2BProvider:
             kwargs["network"] = {"allow_public_traffic": False}
         if self.on_timeout == "pause":
             kwargs["lifecycle"] = {"on_timeout": "pause"}
-        creating = asyncio.ensure_future(e2b.AsyncSandbox.create(**kwargs, **opts))
-        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
-        handle: E2BHandle | None = None
-        try:
-            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if aborted is not None and aborted.done() and not creating.done():
-                raise AbortError(signal.reason if signal is not None else None)
-            sdk = await creating
-            handle = E2BHandle(self, sdk, None)
-            made = await handle.plain(script("create", 'mkdir -p -- "$1"', self.workdir))
-            if made.exit_code != 0:
-                raise SandboxCommandError("create", made.exit_code, made.stderr.strip())
-            if signal is not None:
-                signal.throw_if_aborted()
-            return handle
-        except BaseException:
-            # Whatever exists is destroyed: the sandbox we hold, or one whose create answer never came.
-            await asyncio.shield(self._clean_up_create(creating, handle, nonce))
-            raise
-        finally:
-            if aborted is not None:
-                aborted.cancel()
 
-    async def _clean_up_create(self, creating: asyncio.Future[Any], handle: E2BHandle | None, nonce: str) -> None:
-        if handle is None:
-            with contextlib.suppress(BaseException):
-                sdk = await asyncio.wait_for(asyncio.shield(creating), self.request_timeout)
-                handle = E2BHandle(self, sdk, None)
-        if handle is not None:
-            with contextlib.suppress(Exception):
-                await self.destroy(DestroyInput(id=handle.id))
-            return
-        with contextlib.suppress(Exception):
+        async def ready(sdk: Any) -> E2BHandle:
+            handle = E2BHandle(self, sdk, None)
+            await make_workdir(handle.plain, self.workdir)
+            return handle
+
+        async def delete(sdk: Any) -> None:
+            # Whatever exists is destroyed: the sandbox the create answered, or one whose answer never came.
+            if sdk is not None:
+                await self.destroy(DestroyInput(id=str(sdk.sandbox_id)))
+                return
             for made in await self.list_owned({NONCE: nonce}):
                 await self.destroy(DestroyInput(id=made.id))
+
+        creating = e2b.AsyncSandbox.create(**kwargs, **opts)
+        return await abortable_create(creating, signal, ready, delete, self.request_timeout)
 
     async def resume(self, input: ResumeInput) -> E2BHandle | None:
         e2b = _sdk()

@@ -89,6 +89,7 @@ from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
     OwnedSandbox,
     ProcessSet,
+    RemoteHandle,
     RemoteProcess,
     ShellFs,
     TextChannel,
@@ -324,9 +325,7 @@ class RailwayProcesses(ProcessSet[RailwayProcess]):
         return await self._start(command, opts, durable=True)
 
     async def _start(self, command: str, opts: ProcessOptions | None, *, durable: bool) -> RailwayProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         env = {**handle.env.get(), **(opts.env or {})}
         cwd = map_path(opts.cwd or "", handle.workdir)
@@ -360,8 +359,9 @@ class RailwayPorts:
         return channel(f"https://{domains[port]}")
 
 
-class RailwayHandle:
+class RailwayHandle(RemoteHandle):
     provider = NAME
+    _provider: RailwayProvider
 
     def __init__(
         self,
@@ -386,9 +386,6 @@ class RailwayHandle:
         self.destroyed = False
         self._token: tuple[str, float] | None = None
         self._token_lock = asyncio.Lock()
-
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
 
     async def shell_token(self) -> str:
         async with self._token_lock:
@@ -442,6 +439,7 @@ class RailwayHandle:
         )
 
     async def destroy(self) -> None:
+        # Not RemoteHandle's: ``destroyed`` is set before the kill, so a socket the kill closes reads as the destroy's.
         if not self.destroyed:
             self.destroyed = True
             await self.process.kill_all()

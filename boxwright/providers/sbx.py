@@ -67,11 +67,11 @@ from ._remote import (
     WRAPPER,
     GroupProcess,
     NoStdin,
-    ProcessSet,
+    RemoteHandle,
     ShellFs,
+    SpawnSet,
     TextChannel,
     check_port,
-    exec_result,
     map_path,
 )
 
@@ -151,15 +151,11 @@ class SbxProcess(GroupProcess):
             self._child.kill()
 
 
-class SbxProcesses(ProcessSet[SbxProcess]):
-    def __init__(self, handle: SbxHandle) -> None:
-        super().__init__()
-        self._handle = handle
+class SbxProcesses(SpawnSet[SbxProcess]):
+    _handle: SbxHandle
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> SbxProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         pid_file = (
             f"/dev/shm/.boxwright-spawn-{uuid.uuid4().hex}.pid"  # not in /tmp: a listing of /tmp is not its own record
@@ -167,11 +163,8 @@ class SbxProcesses(ProcessSet[SbxProcess]):
         env = {**handle.env.get(), **(opts.env or {})}
         cwd = map_path(opts.cwd or "", handle.workspace_root)
         inner = ["sh", "-c", WRAPPER, "boxwright", pid_file, command]
-        child = await handle.provider_.start_exec(handle.id, inner, env, cwd)
+        child = await handle._provider.start_exec(handle.id, inner, env, cwd)
         return self.track(SbxProcess(handle, child, pid_file), opts.signal)
-
-    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        return await exec_result(await self.spawn(command, opts))
 
 
 class SbxPorts:
@@ -180,7 +173,7 @@ class SbxPorts:
 
     async def connect(self, port: int) -> SandboxChannel:
         check_port(port)
-        provider = self._handle.provider_
+        provider = self._handle._provider
         await provider.host(["ports", self._handle.id, "--publish", str(port)], "ports")
         listed = parse_json((await provider.host(["ports", self._handle.id, "--json"], "ports")).stdout)
         for row in _rows(listed, "ports"):
@@ -190,11 +183,12 @@ class SbxPorts:
         raise SandboxCommandError("ports", -1, f"sbx did not publish port {port} of {self._handle.id}")
 
 
-class SbxHandle:
+class SbxHandle(RemoteHandle):
     provider = NAME
+    _provider: SbxProvider
 
     def __init__(self, provider: SbxProvider, name: str, root: str, env: Mapping[str, str] | None) -> None:
-        self.provider_ = provider
+        self._provider = provider
         self.id = name
         self.workspace_root = root
         self.capabilities = provider.capabilities()
@@ -205,12 +199,9 @@ class SbxHandle:
         self.ports = SbxPorts(self)
         self.destroyed = False
 
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self.provider_.logger.warn(message, {"sandbox": self.id, **(meta or {})})
-
     async def plain(self, line: str) -> ExecResult:
         """A helper command (fs op, kill script): no wrapper, no handle env, from ``/``."""
-        child = await self.provider_.start_exec(self.id, ["sh", "-c", line], {}, "/")
+        child = await self._provider.start_exec(self.id, ["sh", "-c", line], {}, "/")
         out, err = await child.communicate()
         code = child.returncode if child.returncode is not None else -1
         return ExecResult(out.decode(errors="replace"), err.decode(errors="replace"), 128 - code if code < 0 else code)
@@ -220,12 +211,6 @@ class SbxHandle:
 
     async def fork(self) -> SbxHandle:
         raise UnsupportedCapabilityError(NAME, "fork", "Docker Sandboxes have no fork")
-
-    async def destroy(self) -> None:
-        if not self.destroyed:
-            await self.process.kill_all()
-        self.destroyed = True
-        await self.provider_.destroy(DestroyInput(id=self.id))
 
 
 class SbxProvider:

@@ -404,7 +404,7 @@ class SpritesProvider:
             return handle
 
         # The Sprite is destroyed once the current call answered (it may exist by then).
-        return await abortable_create(creating, signal, ready, lambda: self.destroy(DestroyInput(id=name)))
+        return await abortable_create(creating, signal, ready, lambda _: self.destroy(DestroyInput(id=name)))
 
     async def resume(self, input: ResumeInput) -> SpritesHandle | None:
         sprites = _sdk()

@@ -30,7 +30,6 @@ Seed, point by point:
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import codecs
 import contextlib
@@ -43,7 +42,6 @@ from typing import Any, Literal
 
 from ..abort import AbortSignal
 from ..errors import (
-    AbortError,
     ProcessExitedError,
     ProviderUnavailableError,
     SandboxCommandError,
@@ -68,18 +66,19 @@ from ._posix import HandleEnv, Logger, StdlibLogger
 from ._remote import (
     DEFAULT_LEASE,
     OwnedSandbox,
-    ProcessSet,
+    RemoteHandle,
     RemoteProcess,
     ShellFs,
+    SpawnSet,
     TextChannel,
+    abortable_create,
     channel,
     check_port,
-    exec_result,
     import_sdk,
     lease_expiry,
+    make_workdir,
     map_path,
     owner_id,
-    script,
 )
 
 NAME = "upstash-box"
@@ -204,27 +203,19 @@ class UpstashProcess(RemoteProcess):
             self._handle.warn("no exit was confirmed after the kill; the command may still run", {"pid": self.pid})
 
 
-class UpstashProcesses(ProcessSet[UpstashProcess]):
-    def __init__(self, handle: UpstashBoxHandle) -> None:
-        super().__init__()
-        self._handle = handle
+class UpstashProcesses(SpawnSet[UpstashProcess]):
+    """``exec`` is a session, not the HTTP exec: env travels in its start frame, and a cancel or abort can
+    kill it (an HTTP exec cannot be stopped once sent). The HTTP exec serves the fs helpers."""
+
+    _handle: UpstashBoxHandle
+    end_stdin = True
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> UpstashProcess:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
+        opts = self.started(opts)
         handle = self._handle
         env = {**handle.env.get(), **(opts.env or {})}
         process = await handle.session(command, env, map_path(opts.cwd or "", handle.workdir))
         return self.track(process, opts.signal)
-
-    async def exec(self, command: str, opts: ProcessOptions | None = None) -> ExecResult:
-        opts = opts or ProcessOptions()
-        if opts.signal is not None:
-            opts.signal.throw_if_aborted()
-        # A session, not the HTTP exec: env travels in its start frame, and a cancel or abort can kill it
-        # (an HTTP exec cannot be stopped once sent). The HTTP exec serves the fs helpers.
-        return await exec_result(await self.spawn(command, opts), end_stdin=True)
 
 
 class UpstashPorts:
@@ -245,8 +236,9 @@ class UpstashPorts:
         return channel(str(made.url))
 
 
-class UpstashBoxHandle:
+class UpstashBoxHandle(RemoteHandle):
     provider = NAME
+    _provider: UpstashBoxProvider
 
     def __init__(
         self,
@@ -269,9 +261,6 @@ class UpstashBoxHandle:
         self.git = ExecGit(self.process)
         self.ports = UpstashPorts(self)
         self.destroyed = False
-
-    def warn(self, message: str, meta: Mapping[str, Any] | None = None) -> None:
-        self._provider.logger.warn(message, {"sandbox": self.id, **(meta or {})})
 
     def _gone(self, exc: BaseException) -> BaseException:
         if _status(exc) == 404:
@@ -323,6 +312,8 @@ class UpstashBoxHandle:
         return await self._provider.make(ref.id, self.create_env, None, None, None, self.env.get())
 
     async def destroy(self) -> None:
+        # Not RemoteHandle's: ``destroyed`` is set before the kill (a session the kill ends reads it),
+        # and the SDK's client is closed after.
         if not self.destroyed:
             self.destroyed = True
             await self.process.kill_all()
@@ -421,45 +412,24 @@ class UpstashBoxProvider:
         config["labels"] = self._ownership(key, nonce)
         AsyncBox = upstash_box.AsyncBox
         made = AsyncBox.from_snapshot(snapshot_id, **config) if snapshot_id else AsyncBox.create(**config)
-        creating = asyncio.ensure_future(made)
-        aborted = asyncio.ensure_future(signal.wait()) if signal is not None else None
-        handle: UpstashBoxHandle | None = None
-        try:
-            waiting: set[asyncio.Future[Any]] = {creating} if aborted is None else {creating, aborted}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if aborted is not None and aborted.done() and not creating.done():
-                raise AbortError(signal.reason if signal is not None else None)
-            handle = UpstashBoxHandle(self, await creating, create_env, env)
-            done = await handle.plain(script("create", 'mkdir -p -- "$1"', WORKDIR))
-            if done.exit_code != 0:
-                raise SandboxCommandError("create", done.exit_code, done.stderr.strip())
-            if signal is not None:
-                signal.throw_if_aborted()
-            return handle
-        except BaseException:
-            await asyncio.shield(self._clean_up_create(creating, handle, nonce))
-            raise
-        finally:
-            if aborted is not None:
-                aborted.cancel()
 
-    async def _clean_up_create(
-        self, creating: asyncio.Future[Any], handle: UpstashBoxHandle | None, nonce: str
-    ) -> None:
-        box = handle.box if handle is not None else None
-        if box is None:
-            with contextlib.suppress(BaseException):
-                box = await asyncio.wait_for(asyncio.shield(creating), self.request_timeout)
-        if box is not None:
-            with contextlib.suppress(Exception):
-                await self.destroy(DestroyInput(id=str(box.id)))
-            with contextlib.suppress(Exception):
-                await box.aclose()
-            return
-        # The create answer never came: find what it made by its nonce label.
-        with contextlib.suppress(Exception):
-            for made in await self.list_owned({LABEL_NONCE: nonce}):
-                await self.destroy(DestroyInput(id=made.id))
+        async def ready(box: Any) -> UpstashBoxHandle:
+            handle = UpstashBoxHandle(self, box, create_env, env)
+            await make_workdir(handle.plain, WORKDIR)
+            return handle
+
+        async def delete(box: Any) -> None:
+            if box is not None:
+                with contextlib.suppress(Exception):
+                    await self.destroy(DestroyInput(id=str(box.id)))
+                with contextlib.suppress(Exception):
+                    await box.aclose()
+                return
+            # The create answer never came: find what it made by its nonce label.
+            for found in await self.list_owned({LABEL_NONCE: nonce}):
+                await self.destroy(DestroyInput(id=found.id))
+
+        return await abortable_create(made, signal, ready, delete, self.request_timeout)
 
     async def resume(self, input: ResumeInput) -> UpstashBoxHandle | None:
         if input.signal is not None:

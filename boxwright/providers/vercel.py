@@ -372,7 +372,7 @@ class VercelProvider:
             return handle
 
         # The sandbox is deleted once the create call answered (it may exist by then).
-        return await abortable_create(operation, signal, ready, lambda: self.destroy(DestroyInput(id=name)))
+        return await abortable_create(operation, signal, ready, lambda _: self.destroy(DestroyInput(id=name)))
 
     async def resume(self, input: ResumeInput) -> VercelHandle | None:
         sdk = _sdk()
