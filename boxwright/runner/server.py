@@ -24,9 +24,10 @@ import contextlib
 import hmac
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -35,6 +36,7 @@ from starlette.routing import Route
 
 from ..abort import AbortController
 from ..events import RunErrorEvent, RunFinishedEvent, encode_event
+from ..sandbox import WORKSPACE
 from .protocol import (
     ContainerRunRequest,
     RunnerRequestError,
@@ -93,10 +95,19 @@ class RunnerState:
         return hmac.compare_digest(given, b"Bearer " + self.token)
 
 
-async def _execute(request: ContainerRunRequest, run: _Run) -> None:
+# Builds the harness a run asks for: (harness name, model, the env the runner hands the agent) -> a Harness.
+ResolveAdapter = Callable[[str, str, Mapping[str, str]], Any]
+
+
+def _claude_code(harness: str, model: str, env: Mapping[str, str]) -> Any:
+    from ..harnesses.claude_code import claude_code
+
+    return claude_code(model, env={"HOME": env.get("HOME", "/tmp")})
+
+
+async def _execute(request: ContainerRunRequest, run: _Run, resolve_adapter: ResolveAdapter) -> None:
     from ..agent import run_agent
     from ..definition import define_sandbox
-    from ..harnesses.claude_code import claude_code
     from ..providers import local_process_sandbox
     from ..stores.memory import MemoryInstanceStore
     from ..tool_bridge.remote import http_remote_tool_executor, remote_tool_stubs
@@ -109,9 +120,9 @@ async def _execute(request: ContainerRunRequest, run: _Run) -> None:
     client = held_tool_exec_client(run.target, hold=request.tool_exec_hold_seconds)
     executor = http_remote_tool_executor(request.tool_exec_url, request.tool_exec_token, client=client)
     sandbox = define_sandbox("runner", local_process_sandbox(request.workspace.path, remove_on_destroy=False))
-    harness = claude_code(request.model, env={"HOME": env.get("HOME", "/tmp")})
     with open(run.path, "ab") as out:
         try:
+            harness = resolve_adapter(request.harness, request.model, env)
             stream = run_agent(
                 sandbox,
                 harness,
@@ -122,7 +133,9 @@ async def _execute(request: ContainerRunRequest, run: _Run) -> None:
                 signal=run.controller.signal,
                 store=MemoryInstanceStore(),
                 host_env=env,
-                cwd=request.workspace.path,
+                # The sandbox's own name for its directory (the workspace path on this host): the
+                # same path in the image, where the workspace is /workspace, and right anywhere else.
+                cwd=WORKSPACE,
             )
             async with contextlib.aclosing(stream):  # type: ignore[type-var]  # run_agent is an async generator
                 async for event in stream:
@@ -165,12 +178,17 @@ async def _tail(run: _Run, offset: int) -> AsyncIterator[bytes]:
 
 
 def create_runner_app(
-    token: str, directory: str | None = None, *, on_shutdown: Callable[[], None] | None = None
+    token: str,
+    directory: str | None = None,
+    *,
+    on_shutdown: Callable[[], None] | None = None,
+    resolve_adapter: ResolveAdapter = _claude_code,
 ) -> Starlette:
     """The runner's app under bearer ``token``; ``on_shutdown`` is called by ``POST /shutdown``.
 
     ``__main__`` reads the token from stdin (``hardening.read_token``), never from the env, and
-    stops uvicorn with ``on_shutdown``.
+    stops uvicorn with ``on_shutdown``. ``resolve_adapter(harness, model, env)`` builds each run's
+    harness (R23; default: ``claude_code``, the one harness the protocol names that the image runs).
     """
     if not token:
         raise ValueError("the runner needs a non-empty bearer token (the host writes it to the runner's stdin)")
@@ -205,7 +223,7 @@ def create_runner_app(
             )
             open(run.path, "wb").close()
             state.runs[parsed.run_id] = run
-            run.task = asyncio.ensure_future(_execute(parsed, run))
+            run.task = asyncio.ensure_future(_execute(parsed, run, resolve_adapter))
         else:
             # A second /run of one run starts nothing: it reads the run from byte 0, as an attach does, and
             # its host (a successor that found no run to attach to as its predecessor's /run still landed)

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from boxwright.docker_reap import reap_docker
-from boxwright.providers.docker import DEFAULT_LEASE, LABEL_SANDBOX
-from boxwright.runs import RunRecord
+from boxwright.docker_reap import ReapedContainer, reap_docker
+from boxwright.providers.docker import DEFAULT_LEASE, DockerApi
 from boxwright.stores.open import open_store
 from tests.fixtures.fake_model import FakeModelServer
 from tests.support.chaos_replicas import (
@@ -96,25 +95,40 @@ def _recorded(store_url: str, key: str) -> bool:
     return asyncio.run(read())
 
 
-def _reap_what_a_left(store_url: str, rnd_name: str, record: RunRecord) -> int:
+def _reap_what_a_left(store_url: str, rnd_name: str, case: str) -> int:
     """Remove the container A created but never recorded (it died inside the create); returns how many.
 
-    B's own container goes with the run's end (``destroy_on_complete``: destroyed, then its record
-    forgotten). A container of the run's sandbox key still there after that is one no instance
-    record leads to: A was SIGKILLed between the engine's create and the record's write, and B,
-    finding no record, created its own. Nothing but the reaper (``boxwright reap``, by the lease
-    label every container carries) removes such a one: reaped here as it would be once its lease ran
-    out. Only an early kill may leave one; a kill after the run's first recorded event never does.
+    B's own container goes with the run's end (``destroy_on_complete``: destroyed, then its
+    instance record forgotten). A container of the case still there once no instance record leads
+    to it is one A created and was SIGKILLed before recording (between the engine's create and the
+    record's write), so B, finding no record, created its own. Nothing but the reaper (``boxwright
+    reap``, by the lease label every container carries) removes such a one: reaped here as it would
+    be once its lease ran out. Only an early kill may leave one; a kill after the runner's first
+    event (A's container recorded before it started the runner) never does.
     """
-    key = record.sandbox_key
-    assert key, (rnd_name, "the run's record names no sandbox", record)
-    wait_for(f"{rnd_name}: B's sandbox to be destroyed and forgotten", lambda: not _recorded(store_url, key), 60, 0.2)
-    label = f"{LABEL_SANDBOX}={key}"
-    left = asyncio.run(reap_docker(dry_run=True, label=label, now=time.time() + DEFAULT_LEASE + 60))
-    assert len(left) <= (1 if rnd_name in EARLY_KILLS else 0), (rnd_name, "containers left behind", left)
-    if left:
-        reaped = asyncio.run(reap_docker(label=label, now=time.time() + DEFAULT_LEASE + 60))
-        assert [(r.reason, r.removed) for r in reaped] == [("lease-expired", True)], (rnd_name, reaped)
+    label = f"{CASE_LABEL}={case}"
+    later = time.time() + DEFAULT_LEASE + 60  # a clock past every container's lease: all of them are listed
+
+    left: list[ReapedContainer] = []
+    api = DockerApi()
+
+    def settled() -> bool:
+        nonlocal left
+        found = asyncio.run(reap_docker(dry_run=True, label=label, now=later, api=api))
+        if any(c.sandbox is None or _recorded(store_url, c.sandbox) for c in found):
+            return False
+        left = found
+        return True
+
+    try:
+        wait_for(f"{rnd_name}: B's sandbox to be destroyed and forgotten", settled, 60, 0.2)
+        assert len(left) <= (1 if rnd_name in EARLY_KILLS else 0), (rnd_name, "containers left behind", left)
+        if left:
+            reaped = asyncio.run(reap_docker(label=label, now=later, api=api))
+            assert [(r.id, r.reason, r.removed) for r in reaped] == [(left[0].id, "lease-expired", True)], reaped
+    finally:
+        api.pool.shutdown(wait=False)
+        api.api.close()
     return len(left)
 
 
@@ -141,7 +155,7 @@ def test_colocated_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
                 rnd = kill_round(pair, name, stop, "claude-box", "docker", tail_s=TAIL_S)
             assert rnd.record is not None
             epochs[name] = rnd.record.driver_epoch
-            leftovers[name] = _reap_what_a_left(pair.store, name, rnd.record)
+            leftovers[name] = _reap_what_a_left(pair.store, name, case)
     finally:
         pair.close()
         try:
