@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -192,15 +192,18 @@ def _sse_message(offset: str, event: Event) -> bytes:
     return b"id: " + offset.encode() + b"\ndata: " + encode_event(event) + b"\n\n"
 
 
-async def _sse_stream(log: EventLog, runs: RunStore, run_id: str, offset: str, retry_ms: int) -> AsyncIterator[bytes]:
+async def _sse_stream(
+    log: EventLog, runs: RunStore, run_id: str, offset: str, retry_ms: int
+) -> AsyncGenerator[bytes, None]:
     controller = AbortController()
     try:
         yield f"retry: {retry_ms}\n\n".encode()
         async with _reading(log, run_id, offset, controller.signal) as reader:
             puller = ReadyPuller(reader)
             try:
-                async for chunk in _coalesced(puller):
-                    yield chunk
+                async with contextlib.aclosing(_coalesced(puller)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
             finally:
                 # A read step left waiting for the next append is cancelled there, then the reader closed.
                 controller.abort("the SSE client went away")
@@ -213,7 +216,7 @@ async def _sse_stream(log: EventLog, runs: RunStore, run_id: str, offset: str, r
         controller.abort("the SSE client went away")
 
 
-async def _coalesced(puller: ReadyPuller[tuple[str, Event]]) -> AsyncIterator[bytes]:
+async def _coalesced(puller: ReadyPuller[tuple[str, Event]]) -> AsyncGenerator[bytes, None]:
     """The SSE messages of ``puller``'s events, those ready together in one chunk (one socket send for many).
 
     Waits for one event, then takes what the reader has ready without waiting (the rest of the

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,7 @@ def test_a_live_tail_sends_each_append_as_it_lands_and_ends_when_its_client_leav
         runs, log, close = _backends(tmp_path)[backend]()
         try:
             await runs.create_or_resume(RUN, THREAD)
-            stream: AsyncIterator[bytes] = _sse_stream(log, runs, RUN, "-1", 1000)
+            stream = _sse_stream(log, runs, RUN, "-1", 1000)
             assert await anext(stream) == b"retry: 1000\n\n"
             received: list[bytes] = []
             offsets: list[str] = []
@@ -151,7 +151,7 @@ def test_a_live_tail_sends_each_append_as_it_lands_and_ends_when_its_client_leav
             with contextlib.suppress(asyncio.CancelledError):
                 await waiting
             began = time.monotonic()
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
             assert time.monotonic() - began < 2.0
             marker = CustomEvent(name="after", value=1)
             later = await log.append(RUN, [marker])
@@ -172,7 +172,7 @@ def test_the_ready_events_of_one_wake_go_in_one_chunk(tmp_path: Path) -> None:
         try:
             await runs.create_or_resume(RUN, THREAD)
             first = await log.append(RUN, [_delta(0)])
-            stream: AsyncIterator[bytes] = _sse_stream(log, runs, RUN, "-1", 1000)
+            stream = _sse_stream(log, runs, RUN, "-1", 1000)
             assert await anext(stream) == b"retry: 1000\n\n"
             assert _event_count(await anext(stream)) == 1
             # Five appends land while nobody reads: the next read has them all ready.
@@ -184,7 +184,7 @@ def test_the_ready_events_of_one_wake_go_in_one_chunk(tmp_path: Path) -> None:
             assert chunk.startswith(b"id: " + later[0].encode()) and first[0].encode() not in chunk
             # Closed from another task than the one its reader waits in (a generator finalizer does that): at once.
             began = time.monotonic()
-            await asyncio.get_running_loop().create_task(stream.aclose())  # type: ignore[attr-defined]
+            await asyncio.get_running_loop().create_task(stream.aclose())
             assert time.monotonic() - began < 2.0
         finally:
             await close()
