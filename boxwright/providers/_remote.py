@@ -135,18 +135,23 @@ def vm_name(key: str | None, limit: int = 63) -> str:
     return f"bw-{name}"[:limit].rstrip("-")
 
 
-def env_line(values: Mapping[str, str]) -> bytes:
-    """A loader's stdin: ``export K='v'`` lines, base64 on one line (keys checked, values quoted).
-
-    For a vendor whose per-command env would travel where logs keep it (a URL's query): the
-    command's stdin carries it instead, and ``eval`` of the decoded line exports it.
-    """
+def export_lines(values: Mapping[str, str]) -> str:
+    """``export K='v'`` lines a shell sources or evals: values quoted, keys checked (a key is script text)."""
     lines = []
     for key, value in values.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ValueError(f"not an environment variable name: {key!r}")
         lines.append(f"export {key}={quote(value)}")
-    return base64.b64encode("\n".join(lines).encode()) + b"\n"
+    return "\n".join(lines)
+
+
+def env_line(values: Mapping[str, str]) -> bytes:
+    """A loader's stdin: ``export_lines``, base64 on one line.
+
+    For a vendor whose per-command env would travel where logs keep it (a URL's query): the
+    command's stdin carries it instead, and ``eval`` of the decoded line exports it.
+    """
+    return base64.b64encode(export_lines(values).encode()) + b"\n"
 
 
 H = TypeVar("H")

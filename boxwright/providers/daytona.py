@@ -81,6 +81,7 @@ from ._remote import (
     check_port,
     collect,
     exec_result,
+    export_lines,
     import_sdk,
     make_workdir,
     map_path,
@@ -236,8 +237,7 @@ class DaytonaProcesses(ProcessSet[DaytonaProcess]):
         if env:
             # Values travel in a file through the file API, sourced then removed: never in the command string.
             path = f"/tmp/.boxwright-env-{uuid.uuid4().hex}"
-            body = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
-            await handle.upload(body.encode(), path)
+            await handle.upload(f"{export_lines(env)}\n".encode(), path)
             parts.append(f". {path} && rm -f {path}")
         parts.append(f"cd {quote(map_path(opts.cwd or '', handle.workdir))}")
         fifo = f"/dev/shm/.boxwright-in-{uuid.uuid4().hex}" if stdin else None
