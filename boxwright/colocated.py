@@ -199,7 +199,7 @@ async def _reattach(
     try:
         response = await client.get(f"{base}/health", headers=dict(vendor), timeout=10.0)
     except httpx.HTTPError as exc:
-        return _NothingToAttach(f"no runner answers in the box: {type(exc).__name__}: {exc}", runner_up=False)
+        return _NothingToAttach(f"{type(exc).__name__}: {exc} (no runner answers in the box)", runner_up=False)
     try:
         health = response.json() if response.status_code == 200 else None
     except ValueError:
