@@ -1,7 +1,8 @@
-"""Pieces the cloud providers (E2B, Daytona, ...) share: a text stream fed with decoded
-text, the workspace path mapping, an exec-backed file system, the process handle and its
-tracking set (Docker's processes use them too), the group-kill script, and the ownership
-metadata and ``Reapable`` listing a reaper looks for.
+"""Pieces the cloud providers (E2B, Daytona, ...) share: the importer of a vendor SDK (an
+optional extra), a create that leaves nothing behind when aborted, the env export lines, a
+text stream fed with decoded text, the workspace path mapping, an exec-backed file system,
+the process handle and its tracking set (Docker's processes use them too), the group-kill
+script, and the ownership metadata and ``Reapable`` listing a reaper looks for.
 
 A cloud SDK hands over output already decoded (its own incremental UTF-8 decoder), so
 these streams take ``str``; the exec-backed fs runs small ``sh -c`` scripts whose values
