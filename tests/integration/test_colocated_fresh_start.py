@@ -6,7 +6,8 @@ claude, no Docker) in the states a predecessor SIGKILLed at the start leaves: a 
 know the run (killed between its first recorded event and its ``/run``), or no runner at all (killed
 right after the trigger). With nothing the runner produced in the log it starts the run through
 ``/run`` from the stored input; with a runner event recorded it fails the run, naming what is lost;
-a runner that has the run is attached to, never started again.
+a runner that has the run is attached to, never started again. The last case goes through
+``SandboxService.take_over_if_orphaned`` itself, from the record a replica killed at its trigger leaves.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ from boxwright.events import (
 )
 from boxwright.harnesses.base import Message
 from boxwright.harnesses.claude_code import claude_code
-from boxwright.runs import RUN_ACCEPTED_EVENT
+from boxwright.middleware import SandboxService
+from boxwright.middleware.service import RunSpec, StartRunRequest
+from boxwright.run_input import encode_run_input
+from boxwright.runs import RUN_ACCEPTED_EVENT, RunPatch, RunRecord, create_run
 from boxwright.stores.memory import MemoryInstanceStore
+from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
 from tests.support.chaos_runner import RunnerBox, RunnerBoxes
 
 SECRET = "fresh-start-runner-secret-" + "s" * 16
@@ -155,3 +160,47 @@ def test_a_runner_that_has_the_run_is_attached_to_and_starts_nothing(tmp_path: P
     assert _errors(events) == [], events
     assert "agent got: the predecessor's question" in _text(events), events
     assert _starts(tmp_path) == 1
+
+
+def test_a_service_taking_over_a_colocated_run_killed_at_its_trigger_starts_it_from_the_stored_input(
+    tmp_path: Path,
+) -> None:
+    """Through ``SandboxService.take_over_if_orphaned``: what a replica SIGKILLed right after its 202 leaves (a
+    record at epoch 1 with its stored input, no event, no box) is adopted at epoch 2 and completed, the agent
+    started once on the stored input."""
+    (tmp_path / "ws").mkdir()
+    boxes = RunnerBoxes(tmp_path, SECRET, _agent(tmp_path), runner_up=False, workspace=tmp_path / "ws")
+    sandbox = define_sandbox("runner-box", boxes)  # type: ignore[arg-type]
+
+    def factory(_start: StartRunRequest) -> RunSpec:
+        return RunSpec(sandbox=sandbox, harness=claude_code("m"), mode="colocated")
+
+    async def scenario() -> tuple[RunRecord | None, list[Event]]:
+        db = open_database(tmp_path / "service.db")
+        runs, log = sqlite_run_backend(db)
+        service = SandboxService(
+            runs,
+            log,
+            locks=SqliteLockStore(db),
+            store=SqliteInstanceStore(db),
+            factory=factory,
+            lease_ttl_ms=1500,
+            runner_secret=SECRET,
+        )
+        try:
+            # The predecessor's record: stored with its input, claimed (epoch 1), then it died.
+            await create_run(runs, RUN, THREAD)
+            stored_input = encode_run_input(STORED_INPUT, limit=1 << 20)
+            await runs.update(RUN, RunPatch(input_messages=stored_input, driver_epoch=1))
+            assert await service.take_over_if_orphaned(RUN)
+            record = await asyncio.wait_for(service.wait_run(RUN), 60)
+            return record, await log.snapshot(RUN)
+        finally:
+            await service.aclose()
+            await boxes.close()
+
+    record, events = asyncio.run(scenario())
+    assert record is not None and record.status == "completed" and record.driver_epoch == 2, record
+    assert "agent got: the stored question" in _text(events), events
+    assert [e.type for e in events].count("RUN_STARTED") == 1 and events[-1].type == "RUN_FINISHED", events
+    assert _starts(tmp_path) == 1 and len(boxes.boxes[0].launches) == 1

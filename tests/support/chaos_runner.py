@@ -6,11 +6,14 @@ for that box (``runner_token(secret, box id)``) and a command harness in place o
 (``resolve_adapter``). With ``runner_up`` the runner serves from the box's creation (a predecessor
 started it); without, the port refuses connections until the host launches the runner: that launch
 (``python -m boxwright.runner``) starts the app on the port, and a stand-in process reads the
-token line the host writes, so the launch path is the product's own.
+token line the host writes, so the launch path is the product's own. ``workspace``: the directory a
+run's ``/run`` names as its workspace is replaced by this one, as the container's ``/workspace`` is
+the box's own directory (a host that posts the default ``/workspace`` never touches this host's).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -59,12 +62,48 @@ class RunnerBox:
     async def serve(self) -> None:
         if self.server is None:
             app = create_runner_app(self.token, str(self._boxes.state), resolve_adapter=self._boxes.adapter)
-            self.server = await serve_asgi(app, port=self.port)
+            workspace = self._boxes.workspace
+            self.server = await serve_asgi(app if workspace is None else _in_workspace(app, workspace), port=self.port)
 
     async def close(self) -> None:
         if self.server is not None:
             await self.server.close()
             self.server = None
+
+
+def _in_workspace(app: Any, workspace: Path) -> Any:
+    """``app`` whose ``POST /run`` bodies name ``workspace`` as the run's workspace directory."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/run":
+            return await app(scope, receive, send)
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw)
+            body["workspace"]["path"] = str(workspace)
+            raw = json.dumps(body).encode()
+        except (ValueError, TypeError, KeyError):
+            pass  # not a run request: the runner refuses it as it is
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+        headers.append((b"content-length", str(len(raw)).encode()))
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        await app({**scope, "headers": headers}, replay, send)
+
+    return wrapped
 
 
 class _Process:
@@ -90,11 +129,14 @@ class _Process:
 class RunnerBoxes:
     """A provider of ``RunnerBox`` es; ``adapter`` is the runner's ``resolve_adapter`` (a command harness)."""
 
-    def __init__(self, base: Path, secret: str, command: str, *, runner_up: bool) -> None:
+    def __init__(
+        self, base: Path, secret: str, command: str, *, runner_up: bool, workspace: Path | None = None
+    ) -> None:
         self._inner = local_process_sandbox(base_dir=base)
         self.secret = secret
         self.command = command
         self.runner_up = runner_up
+        self.workspace = workspace
         self.state = base / "runner-state"
         self.state.mkdir(parents=True, exist_ok=True)
         self.boxes: list[RunnerBox] = []
