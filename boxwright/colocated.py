@@ -18,11 +18,12 @@ already holds (the same bytes, so the same fingerprints) and forwards the rest. 
 nothing to attach to when its predecessor died before the runner had the run (right after the
 trigger, before the container or the runner existed; or between its first recorded event and its
 ``/run``): no runner answers in the box, or the runner does not know the run. Then, and only if
-the log holds nothing the runner produced (the host's own RUN_STARTED at most), the successor
-starts the run itself through ``/run`` from the run's stored input (``fresh``), as a host-driven
-successor does when there is no journal; the runner's ``/run`` is idempotent per run id, so a
-predecessor's request that still landed starts no second agent. A run the runner did produce
-recorded events for but no longer has (its container was replaced) fails: its agent's work is gone.
+the log holds nothing the runner produced (the host's own RUN_STARTED and ``run.accepted`` at
+most), the successor starts the run itself through ``/run`` from the run's stored input
+(``fresh``), as a host-driven successor does when there is no journal; the runner's ``/run`` is
+idempotent per run id, so a predecessor's request that still landed starts no second agent. A run
+the runner did produce recorded events for but no longer has (its container was replaced) fails:
+its agent's work is gone.
 A drive that stops without the run's end (a detach, a lost claim) leaves the runner running; the
 host that reads the end shuts the runner down (``POST /shutdown``).
 
