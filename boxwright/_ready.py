@@ -1,31 +1,27 @@
-"""Pull an async iterator telling apart the items it has ready now from the ones it must wait for.
+"""Read an async iterator ahead, in a task of its own, so a writer can take what is ready without waiting.
 
-``ReadyPuller(source)``: ``await puller.next()`` is the next item, waiting as long as it takes;
-``puller.ready()`` is the next item only if ``source`` produces it without suspending (a log
-reader handing out the rest of a page it already fetched), else ``NOT_READY``, and the step it
-began stays pending for the next ``next()``. A writer uses it to coalesce: take one item, then
-what is ready, and write them at once (one socket send for many events, not one each).
+``ReadAhead(source, limit)``: a task pulls ``source`` into a queue of at most ``limit`` items;
+``await ahead.next()`` is the next item, waiting as long as it takes; ``ahead.ready()`` is the
+next item if one is queued, else ``NOT_READY``. A writer uses it to coalesce: take one item,
+then what is ready, and write them at once (one socket send for many events, not one each).
+``aclose()`` cancels the task and waits for it; the source is closed with it.
 
-Why not a task per pull, or a queue fed by a reader task: a task per event is the cost being
-removed, and a reader task reads ahead of a slow client. The step is driven here, in the
-caller's task, with the coroutine protocol (``send`` / ``throw``), so the source runs exactly
-as it would under ``await`` (its ``asyncio.current_task()``, timeouts and cancellation).
-
-``aclose()`` ends a pending step too (cancelled where it waits, as its task's cancel would), then
-closes the source.
+Why a task, and not stepping the source in the writer's task until it would suspend: a source
+suspends inside its own I/O too (a log reader in the middle of a store query, holding the
+store's connection), and a step left pending there while the writer waits on a client that
+never reads holds that connection for good: every other reader and writer of the store hangs
+(measured: a stuck SSE tailer stopped a run). Here the source always runs on, in its own task,
+and waits only at its ``yield`` when the queue is full, holding nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import types
-from collections.abc import AsyncIterator, Generator
-from typing import Any, Final, Generic, TypeVar
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Final, Generic, TypeVar
 
 T = TypeVar("T")
-
-# How long ``aclose`` lets a cancelled pending step unwind when its cleanup awaits.
-CLOSE_TIMEOUT_S: Final = 5.0
 
 
 class NotReady:
@@ -38,87 +34,62 @@ class NotReady:
 NOT_READY: Final = NotReady()
 
 
-@types.coroutine
-def _rest_of(step: Generator[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
-    """The rest of ``step``, which already suspended once on ``yielded``: what ``yield from step`` does next."""
-    while True:
+@dataclass(frozen=True)
+class _End:
+    error: Exception | None = None
+
+
+class ReadAhead(Generic[T]):
+    """``next()`` waits for an item; ``ready()`` takes one only if it is queued already (see the module)."""
+
+    def __init__(self, source: AsyncIterator[T], limit: int, *, name: str = "boxwright read-ahead") -> None:
+        self._queue: asyncio.Queue[T | _End] = asyncio.Queue(max(limit, 1))
+        self._end: _End | None = None
+        self._task = asyncio.get_running_loop().create_task(self._pump(source), name=name)
+
+    async def _pump(self, source: AsyncIterator[T]) -> None:
         try:
-            sent = yield yielded
-        except GeneratorExit:
-            step.close()
-            raise
-        except BaseException as exc:
-            try:
-                yielded = step.throw(exc)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+            async for item in source:
+                await self._queue.put(item)
+        except Exception as exc:
+            await self._queue.put(_End(exc))
         else:
-            try:
-                yielded = step.send(sent)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+            await self._queue.put(_End())
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
-
-class ReadyPuller(Generic[T]):
-    """``next()`` waits for an item; ``ready()`` takes one only if it needs no wait (see the module)."""
-
-    __slots__ = ("_pending", "_source")
-
-    def __init__(self, source: AsyncIterator[T]) -> None:
-        self._source = source
-        # A step ``ready()`` began that suspended: the step and what it suspended on.
-        self._pending: tuple[Generator[Any, Any, T], Any] | None = None
+    def _ended(self, end: _End) -> T:
+        self._end = end
+        if end.error is not None:
+            raise end.error
+        raise StopAsyncIteration
 
     async def next(self) -> T:
-        """The next item (``StopAsyncIteration`` at the end), finishing a step ``ready()`` began."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            return await _rest_of(*pending)
-        return await anext(self._source)
+        """The next item; ``StopAsyncIteration`` at the end; the source's error where it failed."""
+        if self._end is not None:
+            return self._ended(self._end)
+        item = await self._queue.get()
+        return self._ended(item) if isinstance(item, _End) else item
 
     def ready(self) -> T | NotReady:
-        """The next item if the source has it without waiting, else ``NOT_READY``; ``StopAsyncIteration`` at the end."""
-        if self._pending is not None:
-            return NOT_READY
-        step = anext(self._source).__await__()
+        """The next item if it is queued, else ``NOT_READY``; the end and errors as ``next()`` gives them."""
+        if self._end is not None:
+            return self._ended(self._end)
         try:
-            yielded = step.send(None)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        self._pending = (step, yielded)
-        return NOT_READY
+            item = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return NOT_READY
+        return self._ended(item) if isinstance(item, _End) else item
 
     async def aclose(self) -> None:
-        """End a pending step (cancelled where it waits), then close the source."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            await _cancel(*pending)
-        aclose = getattr(self._source, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        """Stop reading ahead: cancel the task (wherever the source waits) and wait for it and the source to end."""
+        self._task.cancel()
+        await asyncio.wait({self._task})  # never cancels the caller's task; its own cancel propagates
+        if not self._task.cancelled():
+            # Retrieved, so it is never reported as lost: a source that failed to close ends with the stream.
+            self._task.exception()
 
 
-async def _cancel(step: Generator[Any, Any, Any], yielded: Any) -> None:
-    """Cancel a pending step where it waits, as cancelling its task would, and let it unwind (bounded).
-
-    Thrown in, not awaited out: the wait may be one only its first task can wake (an ``asyncio.timeout``
-    scope of that task), and a generator finalizer closes us in a task of its own.
-    """
-    try:
-        yielded = step.throw(asyncio.CancelledError())
-    except (Exception, StopAsyncIteration, asyncio.CancelledError):
-        return  # unwound at once: the usual case
-    # It awaits on its way out (a cleanup step): let it finish, bounded.
-    try:
-        async with asyncio.timeout(CLOSE_TIMEOUT_S):
-            await _rest_of(step, yielded)
-    except (Exception, StopAsyncIteration):
-        pass
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # ours: this task is being cancelled
-        # The step's own end (the cancel thrown above): done.
-
-
-__all__ = ["NOT_READY", "NotReady", "ReadyPuller"]
+__all__ = ["NOT_READY", "NotReady", "ReadAhead"]

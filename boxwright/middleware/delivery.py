@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from boxwright._json import JsonBoundsError, decode_json
-from boxwright._ready import NotReady, ReadyPuller
+from boxwright._ready import NotReady, ReadAhead
 from boxwright.abort import AbortController, AbortSignal
 from boxwright.errors import InvalidOffsetError, InvalidRunIdError
 from boxwright.events import Event, encode_event
@@ -199,15 +199,14 @@ async def _sse_stream(
     try:
         yield f"retry: {retry_ms}\n\n".encode()
         async with _reading(log, run_id, offset, controller.signal) as reader:
-            puller = ReadyPuller(reader)
+            ahead = ReadAhead(reader, SSE_COALESCE_EVENTS, name=f"boxwright SSE read {run_id!r}")
             try:
-                async with contextlib.aclosing(_coalesced(puller)) as chunks:
+                async with contextlib.aclosing(_coalesced(ahead)) as chunks:
                     async for chunk in chunks:
                         yield chunk
             finally:
-                # A read step left waiting for the next append is cancelled there, then the reader closed.
                 controller.abort("the SSE client went away")
-                await puller.aclose()
+                await ahead.aclose()
         yield b"event: status\ndata: " + _json.encode(await final_status(runs, run_id)) + b"\n\n"
     except Exception as exc:
         # Headers are gone: end the stream without a status, and EventSource resumes from its last id.
@@ -216,17 +215,17 @@ async def _sse_stream(
         controller.abort("the SSE client went away")
 
 
-async def _coalesced(puller: ReadyPuller[tuple[str, Event]]) -> AsyncGenerator[bytes, None]:
-    """The SSE messages of ``puller``'s events, those ready together in one chunk (one socket send for many).
+async def _coalesced(ahead: ReadAhead[tuple[str, Event]]) -> AsyncGenerator[bytes, None]:
+    """The SSE messages of ``ahead``'s events, those ready together in one chunk (one socket send for many).
 
-    Waits for one event, then takes what the reader has ready without waiting (the rest of the
-    page it fetched), up to ``SSE_COALESCE_EVENTS`` messages or ``SSE_COALESCE_BYTES``. The bytes
+    Waits for one event, then takes what the reader has read ahead meanwhile (it runs on while a
+    chunk is sent), up to ``SSE_COALESCE_EVENTS`` messages or ``SSE_COALESCE_BYTES``. The bytes
     are the messages one after the other, exactly as if each were sent alone. A read that fails
     after some were taken sends those first, then raises.
     """
     while True:
         try:
-            event_offset, event = await puller.next()
+            event_offset, event = await ahead.next()
         except StopAsyncIteration:
             return
         parts = [_sse_message(event_offset, event)]
@@ -235,7 +234,7 @@ async def _coalesced(puller: ReadyPuller[tuple[str, Event]]) -> AsyncGenerator[b
         failure: Exception | None = None
         while len(parts) < SSE_COALESCE_EVENTS and size < SSE_COALESCE_BYTES:
             try:
-                item = puller.ready()
+                item = ahead.ready()
             except StopAsyncIteration:
                 ended = True
                 break
