@@ -1,9 +1,10 @@
 """The host side of co-located mode against a scripted runner (coordinator spec §8, A29-A34).
 
 ``run_agent(mode="colocated")`` drives a local-process sandbox whose runner port leads to a fake
-runner: a Starlette app under uvicorn on 127.0.0.1 that answers ``/health`` and ``/run`` as each
-case scripts it (the spec's own device for these cases: what a real runner never sends is what
-they are about). The real runner app answers the two cases about its own checks (A33, A34).
+runner (tests/support/chaos_runner.py's boxes, serving a Starlette app under uvicorn on 127.0.0.1
+from the runner's launch) that answers ``/health`` and ``/run`` as each case scripts it: the spec's
+own device for these cases, since what a real runner never sends is what they are about. The real
+runner app answers the cases about its own checks (A33, A34, and ``/shutdown`` after a run).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,11 @@ from boxwright.agent import run_agent
 from boxwright.definition import define_sandbox
 from boxwright.events import Event, RunErrorEvent, TextMessageContentEvent
 from boxwright.harnesses.claude_code import claude_code
-from boxwright.providers import local_process_sandbox
 from boxwright.runner.server import create_runner_app
-from boxwright.sandbox import CreateInput, ProcessOptions, SandboxChannel, SandboxHandle, SpawnHandle
 from boxwright.stores.memory import MemoryInstanceStore
 from boxwright.tool_bridge import serve_asgi
 from boxwright.tool_bridge.tools import tool
+from tests.support.chaos_runner import RunnerBoxes
 
 Script = Callable[[dict[str, Any]], AsyncIterator[bytes]]
 
@@ -74,73 +73,10 @@ class FakeRunner:
         )
 
 
-class _Ports:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    async def connect(self, port: int) -> SandboxChannel:
-        return SandboxChannel(url=self.url)
-
-
-class _Process:
-    """The sandbox's process API, except that the runner's launch starts a stand-in that reads its token line."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.launches: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def spawn(self, command: str, options: ProcessOptions | None = None) -> SpawnHandle:
-        if "boxwright.runner" not in command:
-            handle: SpawnHandle = await self._inner.spawn(command, options)
-            return handle
-        self.launches.append(command)
-        stand_in: SpawnHandle = await self._inner.spawn("head -n 1 >/dev/null; sleep 30", options)
-        return stand_in
-
-
-class _Box:
-    """A local-process sandbox handle whose runner port is the fake runner's URL."""
-
-    def __init__(self, inner: SandboxHandle, url: str) -> None:
-        self._inner = inner
-        self.ports = _Ports(url)
-        self.process = _Process(inner.process)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _Provider:
-    def __init__(self, base: Path, url: str) -> None:
-        self._inner = local_process_sandbox(base_dir=base)
-        self._url = url
-        self.boxes: list[_Box] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def create(self, input: CreateInput | None = None) -> SandboxHandle:
-        box = _Box(await self._inner.create(input), self._url)
-        self.boxes.append(box)
-        return box  # type: ignore[return-value]
-
-
-@asynccontextmanager
-async def _served(runner: FakeRunner) -> AsyncIterator[str]:
-    server = await serve_asgi(runner.app())
+async def _drive(tmp: Path, runner: FakeRunner, *, tools: list[Any] | None = None) -> tuple[list[Event], RunnerBoxes]:
+    boxes = RunnerBoxes(tmp, "protocol-runner-secret", "true", runner_up=False, app=runner.app())
+    sandbox = define_sandbox("fake-runner", boxes)  # type: ignore[arg-type]
     try:
-        yield server.url
-    finally:
-        await server.close()
-
-
-async def _drive(tmp: Path, runner: FakeRunner, *, tools: list[Any] | None = None) -> tuple[list[Event], _Provider]:
-    async with _served(runner) as url:
-        provider = _Provider(tmp, url)
-        sandbox = define_sandbox("fake-runner", provider)  # type: ignore[arg-type]
         events = [
             event
             async for event in run_agent(
@@ -154,7 +90,9 @@ async def _drive(tmp: Path, runner: FakeRunner, *, tools: list[Any] | None = Non
                 mode="colocated",
             )
         ]
-    return events, provider
+    finally:
+        await boxes.close()
+    return events, boxes
 
 
 def _line(event: dict[str, Any]) -> bytes:
@@ -198,7 +136,7 @@ def test_a_runner_calling_tool_exec_inside_its_run_handler_gets_the_result(tmp_p
     assert _deltas(events) == ['200 {"result":"QUIET"}'], events
     assert events[-1].type == "RUN_FINISHED"
     # The runner was launched once, its token on stdin (never in its command line), and the run posted once.
-    (launch,) = provider.boxes[0].process.launches
+    (launch,) = provider.boxes[0].launches
     assert "--token-file" not in launch and runner.runs[0]["toolExecToken"] not in launch
     assert len(runner.runs) == 1 and runner.runs[0]["harness"] == "claude-code"
 
@@ -307,3 +245,38 @@ def test_the_real_runner_refuses_an_unknown_harness_no_token_and_a_missing_secre
 
     asyncio.run(scenario())
     assert list(workspace.iterdir()) == [], "an agent started in the workspace"
+
+
+def test_shutdown_right_after_the_runs_last_line_waits_for_its_clean_up(tmp_path: Path) -> None:
+    """The host reads a run's terminal line and asks ``/shutdown`` at once, while the run's sandbox teardown
+    is still going: the runner waits for that (bounded) and answers 202, not 409 ``runs still going``."""
+    token = "runner-token-" + "s" * 32
+    state = tmp_path / "state"
+    state.mkdir()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    stopped: list[bool] = []
+    boxes = RunnerBoxes(tmp_path / "boxes", "unused", "echo done", runner_up=False)
+
+    async def scenario() -> list[int]:
+        app = create_runner_app(
+            token, str(state), resolve_adapter=boxes.adapter, on_shutdown=lambda: stopped.append(True)
+        )
+        server = await serve_asgi(app)
+        answers: list[int] = []
+        try:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                auth = {"Authorization": f"Bearer {token}"}
+                for n in range(10):
+                    body = _runner_body(workspace, runId=f"r-down-{n}")
+                    async with http.stream("POST", "/run", json=body, headers=auth) as response:
+                        async for line in response.aiter_lines():
+                            if line and json.loads(line)["type"] in ("RUN_FINISHED", "RUN_ERROR"):
+                                break
+                    answers.append((await http.post("/shutdown", headers=auth)).status_code)
+        finally:
+            await server.close()
+        return answers
+
+    assert asyncio.run(scenario()) == [202] * 10
+    assert len(stopped) == 10

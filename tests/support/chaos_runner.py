@@ -61,7 +61,9 @@ class RunnerBox:
 
     async def serve(self) -> None:
         if self.server is None:
-            app = create_runner_app(self.token, str(self._boxes.state), resolve_adapter=self._boxes.adapter)
+            app = self._boxes.app
+            if app is None:
+                app = create_runner_app(self.token, str(self._boxes.state), resolve_adapter=self._boxes.adapter)
             workspace = self._boxes.workspace
             self.server = await serve_asgi(app if workspace is None else _in_workspace(app, workspace), port=self.port)
 
@@ -127,16 +129,28 @@ class _Process:
 
 
 class RunnerBoxes:
-    """A provider of ``RunnerBox`` es; ``adapter`` is the runner's ``resolve_adapter`` (a command harness)."""
+    """A provider of ``RunnerBox`` es; ``adapter`` is the runner's ``resolve_adapter`` (a command harness).
+
+    ``app``: an ASGI app every box serves in place of the real runner (a scripted one, for what a real
+    runner never sends).
+    """
 
     def __init__(
-        self, base: Path, secret: str, command: str, *, runner_up: bool, workspace: Path | None = None
+        self,
+        base: Path,
+        secret: str,
+        command: str,
+        *,
+        runner_up: bool,
+        workspace: Path | None = None,
+        app: Any = None,
     ) -> None:
         self._inner = local_process_sandbox(base_dir=base)
         self.secret = secret
         self.command = command
         self.runner_up = runner_up
         self.workspace = workspace
+        self.app = app
         self.state = base / "runner-state"
         self.state.mkdir(parents=True, exist_ok=True)
         self.boxes: list[RunnerBox] = []
