@@ -251,6 +251,17 @@ async def _may_start_afresh(
     return fresh
 
 
+def _bad_line(line: str) -> str:
+    """Why a runner's NDJSON line is no event: not JSON at all, or JSON that is not a chunk (no ``type``)."""
+    try:
+        value = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return f"runner sent unparseable NDJSON: {line[:_DETAIL]}"
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        return f"runner sent a non-chunk line: {line[:_DETAIL]}"
+    return f"runner sent an event this host cannot read: {line[:_DETAIL]}"
+
+
 def runner_token(secret: str, sandbox_id: str) -> str:
     """The runner's bearer token for the sandbox ``sandbox_id``: any host with the shared secret derives it."""
     return hmac.new(secret.encode(), f"boxwright runner token v1\0{sandbox_id}".encode(), hashlib.sha256).hexdigest()
@@ -423,9 +434,7 @@ async def colocated_drive(
                         try:
                             event = decode_event(line)
                         except Exception:
-                            yield RunErrorEvent(
-                                message=f"runner sent unparseable NDJSON: {line[:_DETAIL]}", code="runner_protocol"
-                            )
+                            yield RunErrorEvent(message=_bad_line(line), code="runner_protocol")
                             return
                         if isinstance(event, RunStartedEvent):
                             continue  # run_agent already said the run started

@@ -280,3 +280,25 @@ def test_shutdown_right_after_the_runs_last_line_waits_for_its_clean_up(tmp_path
 
     assert asyncio.run(scenario()) == [202] * 10
     assert len(stopped) == 10
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (b"[1]", "runner sent a non-chunk line: [1]"),
+        (b'{"delta": "no type"}', 'runner sent a non-chunk line: {"delta": "no type"}'),
+        (b'{"type": "TEXT_MESSAGE_CONTENT", "delta": 5}', "runner sent an event this host cannot read: "),
+    ],
+)
+def test_json_that_is_no_chunk_is_named_as_such(tmp_path: Path, line: bytes, said: str) -> None:
+    """A30: a line that is JSON but not a chunk (``[1]``, no ``type``) gives ``runner sent a non-chunk line``; one
+    whose fields do not fit its type is named too; nothing after it is read."""
+
+    async def script(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield line + b"\n"
+        yield _line({"type": "RUN_FINISHED", "threadId": body["threadId"], "runId": body["runId"]})
+
+    events, _ = asyncio.run(_drive(tmp_path, FakeRunner(script)))
+    (error,) = _errors(events)
+    assert error.startswith(said), error
+    assert events[-1].type == "RUN_ERROR", events
