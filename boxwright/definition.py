@@ -24,7 +24,15 @@ from .abort import AbortSignal
 from .errors import EpochFencedError
 from .file_hooks import FileHook
 from .policy import SandboxPolicy, network_policy_for
-from .sandbox import CreateInput, DestroyInput, RestoreInput, ResumeInput, SandboxHandle, SandboxProvider
+from .sandbox import (
+    CreateInput,
+    DestroyInput,
+    ListsForKey,
+    RestoreInput,
+    ResumeInput,
+    SandboxHandle,
+    SandboxProvider,
+)
 from .secrets import resolve_all_secrets
 from .stores.base import InstanceRecord, LockStore, SandboxInstanceStore, hold_lock, warn_if_not_durable
 from .stores.memory import MemoryInstanceStore, MemoryLockStore
@@ -184,7 +192,8 @@ class SandboxDefinition:
         key = self.instance_key(ctx)
 
         async with hold_lock(locks, f"sandbox:{key}"):
-            record = await self._fresh_record(store, key)
+            stored = await store.get(key)
+            record = self._if_fresh(stored)
             if record is not None:
                 # A provider without resume by id (local-process, decision 5) creates again instead.
                 found = await self._resume(store, record, ctx) if _resumes_by_id(self.provider) else None
@@ -193,6 +202,8 @@ class SandboxDefinition:
                 restored = await self._restore(store, record, ctx)
                 if restored is not None:
                     return restored
+            if locks.durable:
+                await self._destroy_unrecorded(key, stored)
             return await self._create(store, key, ctx)
 
     async def ensure_existing(self, ctx: EnsureContext) -> EnsureResult | None:
@@ -225,12 +236,50 @@ class SandboxDefinition:
         await asyncio.wait_for(self.provider.destroy(DestroyInput(id=record.provider_sandbox_id)), DESTROY_TIMEOUT_S)
         await store.delete(record.key)
 
-    async def _fresh_record(self, store: SandboxInstanceStore, key: str) -> InstanceRecord | None:
-        record = await store.get(key)
+    async def _destroy_unrecorded(self, key: str, stored: InstanceRecord | None) -> None:
+        """Destroy the sandboxes of ``key`` no record names: a creator that died inside ``_create``.
+
+        Called holding the key's lock, and only a lock that holds across processes: then nobody
+        else can be creating under the key, so a sandbox of it that no record names was left by a
+        creator that died between the provider's create and the record's write (bootstrap and the
+        after-setup snapshot run in between), and would bill until a reaper's lease ran out.
+        Destroyed, not adopted: its bootstrap may be half done. An in-process lock proves nothing
+        about another process, so it sweeps nothing. A failure here never fails the run: the
+        leftover stays for the reaper, as before.
+        """
+        if not isinstance(self.provider, ListsForKey):
+            return
+        spared = stored.provider_sandbox_id if stored is not None else None
+        try:
+            left = [i for i in await self.provider.list_for_key(key) if i != spared]
+        except Exception as exc:
+            log.warning("sandbox %s: could not list the sandboxes a dead creator may have left: %s", key, exc)
+            return
+        destroyed: list[str] = []
+        for sandbox_id in left:
+            try:
+                await _detached(_destroy_id(self.provider, sandbox_id))
+            except Exception as exc:
+                log.warning(
+                    "sandbox %s: could not destroy %s, left unrecorded by a dead creator: %s", key, sandbox_id, exc
+                )
+            else:
+                destroyed.append(sandbox_id)
+        if destroyed:
+            log.warning(
+                "sandbox %s: destroyed %s, created under this key's lock but never recorded (its creator died)",
+                key,
+                ", ".join(destroyed),
+            )
+
+    def _if_fresh(self, record: InstanceRecord | None) -> InstanceRecord | None:
         max_age = parse_max_age(self.lifecycle.snapshot_max_age)
         if record is not None and max_age is not None and _now_ms() - record.updated_at > max_age * 1000:
             return None
         return record
+
+    async def _fresh_record(self, store: SandboxInstanceStore, key: str) -> InstanceRecord | None:
+        return self._if_fresh(await store.get(key))
 
     def _secrets(self) -> dict[str, str]:
         return resolve_all_secrets(self.workspace.secrets) if self.workspace is not None else {}
@@ -317,6 +366,10 @@ def _provider_identity(provider: SandboxProvider) -> object:
     identity = getattr(provider, "instance_identity", None)
     extra = identity() if callable(identity) else None
     return provider.name if extra is None else {"name": provider.name, "config": extra}
+
+
+async def _destroy_id(provider: SandboxProvider, sandbox_id: str) -> None:
+    await asyncio.wait_for(provider.destroy(DestroyInput(id=sandbox_id)), DESTROY_TIMEOUT_S)
 
 
 async def _destroy_handle(handle: SandboxHandle) -> None:

@@ -244,6 +244,23 @@ class SandboxProvider(Protocol):
     async def destroy(self, input: DestroyInput) -> None: ...
 
 
+@runtime_checkable
+class ListsForKey(Protocol):
+    """Optional: a provider that can list the sandboxes it created for one instance key.
+
+    ``key`` is the ``CreateInput.id`` a create was given (Docker's ``boxwright.sandbox`` label, a
+    cloud sandbox's metadata). ``ensure`` calls it holding that key's lock with no record naming
+    them: a creator that died inside its create left them, and they would bill until a reaper's
+    lease ran out. Returns ids ``destroy`` accepts, every page, none already being torn down, of
+    any owner host (the lock, not the host, says nobody else is creating under the key). Absent
+    where a leftover is not a billed box (local-process, bubblewrap: a dead process's directory),
+    and where a fork keeps its parent's key (E2B's fork copies the metadata): a user's fork is no
+    leftover, and nothing listed tells it apart.
+    """
+
+    async def list_for_key(self, key: str) -> builtins.list[str]: ...
+
+
 def journal_read_strategy(caps: Capabilities) -> Literal["follow", "poll"]:
     """``follow`` (a ``tail -f`` we can kill) only where processes stream and are killable."""
     return "follow" if caps.background_processes and caps.killable_processes else "poll"

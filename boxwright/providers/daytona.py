@@ -71,6 +71,7 @@ from ._remote import (
     DEFAULT_LEASE,
     LABEL_MANAGED,
     LABEL_OWNER,
+    LABEL_SANDBOX,
     OwnedSandbox,
     ProcessSet,
     RemoteProcess,
@@ -601,6 +602,13 @@ class DaytonaProvider:
         daytona = _sdk()
         query = daytona.ListSandboxesQuery(labels={LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})})
         return [owned(str(sandbox.id), sandbox.labels or {}) async for sandbox in self._client().list(query)]
+
+
+    async def list_for_key(self, key: str) -> list[str]:
+        """The sandboxes labelled with sandbox ``key``, of any owner host, every page."""
+        daytona = _sdk()
+        query = daytona.ListSandboxesQuery(labels={LABEL_MANAGED: "1", LABEL_SANDBOX: key})
+        return [str(sandbox.id) async for sandbox in self._client().list(query)]
 
 
 def daytona_sandbox(

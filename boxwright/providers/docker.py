@@ -1090,6 +1090,16 @@ class DockerProvider:
         handle.start_fast_exec()
         return handle
 
+    async def list_for_key(self, key: str) -> list[str]:
+        """The containers labelled with sandbox ``key``, any owner, stopped ones too, none being removed.
+
+        A stopped one still holds its disk; a removing one is already someone's destroy.
+        """
+        api = await self._connected()
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_SANDBOX}={key}"]
+        found = await api.call(api.api.containers, all=True, filters={"label": labels})
+        return [str(c["Id"]) for c in found if str(c.get("State") or "") not in ("removing", "dead")]
+
     async def destroy(self, input: DestroyInput) -> None:
         api = await self._connected()
         try:
