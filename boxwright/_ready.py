@@ -1,10 +1,11 @@
 """Read an async iterator ahead, in a task of its own, so a writer can take what is ready without waiting.
 
-``ReadAhead(source, limit)``: a task pulls ``source`` into a queue of at most ``limit`` items;
+``async with ReadAhead(source, limit) as ahead:`` a task, owned by the block, pulls ``source``
+into a queue of at most ``limit`` items;
 ``await ahead.next()`` is the next item, waiting as long as it takes; ``ahead.ready()`` is the
 next item if one is queued, else ``NOT_READY``. A writer uses it to coalesce: take one item,
 then what is ready, and write them at once (one socket send for many events, not one each).
-``aclose()`` cancels the task and waits for it; the source is closed with it.
+Leaving the block (or ``aclose()``) cancels the task and waits for it; the source is closed with it.
 
 Why a task, and not stepping the source in the writer's task until it would suspend: a source
 suspends inside its own I/O too (a log reader in the middle of a store query, holding the
@@ -46,6 +47,12 @@ class ReadAhead(Generic[T]):
         self._queue: asyncio.Queue[T | _End] = asyncio.Queue(max(limit, 1))
         self._end: _End | None = None
         self._task = asyncio.get_running_loop().create_task(self._pump(source), name=name)
+
+    async def __aenter__(self) -> ReadAhead[T]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def _pump(self, source: AsyncIterator[T]) -> None:
         try:

@@ -199,14 +199,13 @@ async def _sse_stream(
     try:
         yield f"retry: {retry_ms}\n\n".encode()
         async with _reading(log, run_id, offset, controller.signal) as reader:
-            ahead = ReadAhead(reader, SSE_COALESCE_EVENTS, name=f"boxwright SSE read {run_id!r}")
-            try:
-                async with contextlib.aclosing(_coalesced(ahead)) as chunks:
-                    async for chunk in chunks:
-                        yield chunk
-            finally:
-                controller.abort("the SSE client went away")
-                await ahead.aclose()
+            async with ReadAhead(reader, SSE_COALESCE_EVENTS, name=f"boxwright SSE read {run_id!r}") as ahead:
+                try:
+                    async with contextlib.aclosing(_coalesced(ahead)) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
+                finally:
+                    controller.abort("the SSE client went away")
         yield b"event: status\ndata: " + _json.encode(await final_status(runs, run_id)) + b"\n\n"
     except Exception as exc:
         # Headers are gone: end the stream without a status, and EventSource resumes from its last id.
