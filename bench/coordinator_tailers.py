@@ -33,7 +33,7 @@ import httpx
 from tests.support.coordinator import CoordinatorProcess
 from tests.support.redis_server import redis_server
 from tests.support.replicas import ROOT
-from tests.support.sse_tailers import TailResult, tail_one_run, timed_agent
+from tests.support.sse_tailers import TailResult, allow_open_files, tail_one_run, timed_agent
 
 
 @dataclass
@@ -107,6 +107,7 @@ def main() -> int:
     parser.add_argument("--lease-ms", type=int, default=30_000)
     parser.add_argument("--baseline", metavar="REV", help="also measure a coordinator from this git revision")
     args = parser.parse_args()
+    allow_open_files(args.tailers)
     with tempfile.TemporaryDirectory(prefix="bench-tailers-") as scratch, contextlib.ExitStack() as stack:
         tmp = Path(scratch)
         server = None if args.store else stack.enter_context(redis_server(fsync="everysec"))
