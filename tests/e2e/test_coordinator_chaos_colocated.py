@@ -16,18 +16,13 @@ timeout) and prints its rounds' durations.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from boxwright.docker_reap import ReapedContainer, reap_docker
-from boxwright.providers.docker import DEFAULT_LEASE, DockerApi
-from boxwright.stores.open import open_store
 from tests.fixtures.fake_model import FakeModelServer
 from tests.support.chaos_replicas import (
     CASE_LABEL,
@@ -57,8 +52,6 @@ __all__ = ["no_leaked_containers"]
 
 # at-trigger plus every point of the host-driven rounds: ten.
 COLOCATED_KILL_POINTS: list[tuple[str, KillPoint | None]] = [("at-trigger", None), *KILL_POINTS]
-# Where A may die while it creates the run's container, before its instance record holds it.
-EARLY_KILLS = {"at-trigger", "first-event"}
 # A round is ~15-25 s on two loaded cores; a round whose B never completes the run stops at its tail's bound.
 TAIL_S = 90.0
 BUDGET = ModuleBudget(600.0)
@@ -87,49 +80,17 @@ def model() -> Iterator[FakeModelServer]:
         yield server
 
 
-def _recorded(store_url: str, key: str) -> bool:
-    async def read() -> bool:
-        async with open_store(store_url) as stores:
-            return await stores.instances.get(key) is not None
-
-    return asyncio.run(read())
-
-
-def _reap_what_a_left(store_url: str, rnd_name: str, case: str) -> int:
-    """Remove the container A created but never recorded (it died inside the create); returns how many.
+def _no_container_left(rnd_name: str, case: str) -> None:
+    """Wait until no container of the case is left: A's and B's both gone once the round ends.
 
     B's own container goes with the run's end (``destroy_on_complete``: destroyed, then its
-    instance record forgotten). A container of the case still there once no instance record leads
-    to it is one A created and was SIGKILLed before recording (between the engine's create and the
-    record's write), so B, finding no record, created its own. Nothing but the reaper (``boxwright
-    reap``, by the lease label every container carries) removes such a one: reaped here as it would
-    be once its lease ran out. Only an early kill may leave one; a kill after the runner's first
-    event (A's container recorded before it started the runner) never does.
+    instance record forgotten). One A created and was SIGKILLed before recording (an early kill:
+    between the engine's create and the record's write) is destroyed by B's ``ensure``, which holds
+    the key's lock and finds it under the key with no record naming it (boxwright/definition.py
+    ``_destroy_unrecorded``); before that, it stayed until the reaper's lease ran out.
     """
     label = f"{CASE_LABEL}={case}"
-    later = time.time() + DEFAULT_LEASE + 60  # a clock past every container's lease: all of them are listed
-
-    left: list[ReapedContainer] = []
-    api = DockerApi()
-
-    def settled() -> bool:
-        nonlocal left
-        found = asyncio.run(reap_docker(dry_run=True, label=label, now=later, api=api))
-        if any(c.sandbox is None or _recorded(store_url, c.sandbox) for c in found):
-            return False
-        left = found
-        return True
-
-    try:
-        wait_for(f"{rnd_name}: B's sandbox to be destroyed and forgotten", settled, 60, 0.2)
-        assert len(left) <= (1 if rnd_name in EARLY_KILLS else 0), (rnd_name, "containers left behind", left)
-        if left:
-            reaped = asyncio.run(reap_docker(label=label, now=later, api=api))
-            assert [(r.id, r.reason, r.removed) for r in reaped] == [(left[0].id, "lease-expired", True)], reaped
-    finally:
-        api.pool.shutdown(wait=False)
-        api.api.close()
-    return len(left)
+    wait_for(f"{rnd_name}: every container of the round to go", lambda: labelled_containers(label) == [], 60, 0.2)
 
 
 @pytest.mark.timeout(ROUND_TIMEOUT_S * len(COLOCATED_KILL_POINTS))
@@ -148,23 +109,22 @@ def test_colocated_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
     }
     pair = Pair(tmp_path, redis.url(prefix=redis.fresh_prefix()), env)
     epochs: dict[str, int] = {}
-    leftovers: dict[str, int] = {}
     try:
         for name, stop in COLOCATED_KILL_POINTS:
             with BUDGET.timed(f"co-located {name}"):
                 rnd = kill_round(pair, name, stop, "claude-box", "docker", tail_s=TAIL_S)
             assert rnd.record is not None
             epochs[name] = rnd.record.driver_epoch
-            leftovers[name] = _reap_what_a_left(pair.store, name, case)
+            _no_container_left(name, case)
     finally:
         pair.close()
         try:
             wait_for("the runs' containers to go", lambda: labelled_containers(f"{CASE_LABEL}={case}") == [], 60, 0.2)
         finally:
-            # A round that failed before its reap: its containers go anyway (the module's check reports them).
+            # A round that failed before its check: its containers go anyway (the module's check reports them).
             if left := labelled_containers(f"{CASE_LABEL}={case}"):
                 subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
-    print(f"\nepochs by kill point: {epochs}; containers A left unrecorded: {leftovers}")
+    print(f"\nepochs by kill point: {epochs}")
     # Every kill before the run's end was a takeover (kill_round checks each epoch against the record at the kill).
     assert len(epochs) == 10 and all(epochs[name] == 2 for name, _ in COLOCATED_KILL_POINTS[:-2]), epochs
 
