@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import fcntl
+import functools
 import os
 import signal as signals
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+import msgspec
 
 from ..errors import ProcessExitedError
 from ..sandbox import ExecResult, ProcessOptions, SandboxChannel
@@ -71,6 +75,218 @@ async def _wait_group_gone(pgid: int, timeout: float) -> bool:
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.05)
     return True
+
+
+async def end_group(pgid: int, sig: int, logger: Logger | None, fallback: Callable[[int], None] | None = None) -> None:
+    """Signal group ``pgid`` with ``sig``, then SIGKILL what is left after ``KILL_GRACE``; never raises.
+
+    ``fallback`` signals the leader alone when the group cannot be signalled (only our own child has one).
+    """
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return
+    except OSError as exc:
+        _warn(logger, "could not signal the process group; signalling the wrapper alone", pgid, error=repr(exc))
+        if fallback is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            fallback(sig)
+    if await _wait_group_gone(pgid, KILL_GRACE):
+        return
+    if sig != signals.SIGKILL:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signals.SIGKILL)
+    if not await _wait_group_gone(pgid, KILL_CONFIRM):
+        _warn(logger, "processes survived SIGKILL", pgid, pids=group_members(pgid))
+
+
+def _warn(logger: Logger | None, message: str, pid: int, **meta: Any) -> None:
+    if logger is not None:
+        logger.warn(message, {"pid": pid, **meta})
+
+
+def start_time_of(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22); None if it is gone.
+
+    With the pid, it names one exact process: a recycled pid starts later.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class RecordedGroup(msgspec.Struct, frozen=True):
+    """One process group a handle spawned: its leader's pid (the pgid) and that leader's identity."""
+
+    pgid: int
+    start: int  # the leader's start time (``start_time_of``)
+    boot: str  # the boot it started in: after a reboot every recorded group is gone
+
+
+def recorded_group(pid: int) -> RecordedGroup | None:
+    """The record of the group ``pid`` leads, or None where this system cannot say which process it is."""
+    start = start_time_of(pid)
+    return None if start is None else RecordedGroup(pid, start, _boot_id())
+
+
+# Polled, not blocked on: a blocking flock in a thread cannot be given up when the waiter is cancelled.
+_LOCK_POLL = 0.01
+# A destroy waits this long for spawns in flight (a spawn holds the lock for milliseconds).
+_SWEEP_LOCK_WAIT = 10.0
+# A spawn waits this long for a destroy's kill (at most KILL_GRACE + KILL_CONFIRM per group, all at once).
+_SPAWN_LOCK_WAIT = 30.0
+
+
+class ProcessRecord:
+    """The process groups a sandbox's handles spawned, in a directory of the sandbox's state, one file each.
+
+    A durable agent outlives the host that spawned it, and a successor's handle (or the provider's destroy
+    by id) did not spawn it: this record is how they find it to kill. A spawn holds a shared ``flock`` from
+    before the fork until its entry is written, a sweep an exclusive one, so a sweep never misses a spawn in
+    flight, in this process or another; a SIGKILLed holder's lock goes with it. An entry is dropped when its
+    group is seen gone; a pid recycled since (its start time differs) is never signalled.
+    """
+
+    LOCK = ".lock"
+
+    def __init__(self, directory: str, logger: Logger | None) -> None:
+        self.directory = directory
+        self._logger = logger
+
+    def prepare(self) -> None:
+        """Create the directory (its parent is the sandbox's private state dir)."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+
+    def _path(self, pgid: int) -> str:
+        return os.path.join(self.directory, f"{pgid}.json")
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, mode: int, wait: float, purpose: str) -> AsyncIterator[None]:
+        try:
+            fd = os.open(os.path.join(self.directory, self.LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            yield  # no record directory: the sandbox is destroyed (or predates the record); nothing to order
+            return
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if loop.time() >= deadline:
+                        _warn(self._logger, f"process record stayed locked; {purpose} without it", os.getpid())
+                        break
+                    await asyncio.sleep(_LOCK_POLL)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def spawning(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held from before a spawn until its entry is written (shared: spawns do not wait for each other)."""
+        return self._locked(fcntl.LOCK_SH, _SPAWN_LOCK_WAIT, "spawning")
+
+    def write(self, entry: RecordedGroup) -> None:
+        """Record ``entry`` (atomically: a reader never sees half of it); a missing directory records nothing."""
+        staging = f"{self._path(entry.pgid)}.{os.getpid()}.tmp"
+        try:
+            with open(staging, "wb") as f:
+                f.write(msgspec.json.encode(entry))
+            os.replace(staging, self._path(entry.pgid))
+        except FileNotFoundError:
+            return
+
+    def add(self, pid: int) -> RecordedGroup | None:
+        entry = recorded_group(pid)
+        if entry is not None:
+            self.write(entry)
+        return entry
+
+    def entries(self) -> list[RecordedGroup]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.directory, name), "rb") as f:
+                    found.append(msgspec.json.decode(f.read(), type=RecordedGroup))
+            except (OSError, msgspec.DecodeError):
+                continue  # dropped meanwhile, or not ours to read
+        return found
+
+    def drop(self, entry: RecordedGroup) -> None:
+        """Remove ``entry``, unless the file now records another process under the same pid."""
+        path = self._path(entry.pgid)
+        try:
+            with open(path, "rb") as f:
+                if msgspec.json.decode(f.read(), type=RecordedGroup) != entry:
+                    return
+            os.unlink(path)
+        except (OSError, msgspec.DecodeError):
+            return
+
+    def drop_if_gone(self, entry: RecordedGroup) -> None:
+        """The leader exited: drop its entry once no process of the group is left (a backgrounded one keeps it)."""
+        try:
+            os.killpg(entry.pgid, 0)
+        except ProcessLookupError:
+            self.drop(entry)
+        except OSError:
+            return
+
+    def _still_ours(self, entry: RecordedGroup) -> bool:
+        if entry.boot != _boot_id():
+            return False
+        start = start_time_of(entry.pgid)
+        if start is not None:
+            return start == entry.start
+        # The leader is gone but its group may live on (a pgid is not reused while its group exists); a
+        # member that started before our leader belongs to some other group that took the number later.
+        members = group_members(entry.pgid)
+        return bool(members) and all((start_time_of(pid) or entry.start) >= entry.start for pid in members)
+
+    def sweeping(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held while killing (exclusive): every spawn begun before has written its entry, none starts meanwhile."""
+        return self._locked(fcntl.LOCK_EX, _SWEEP_LOCK_WAIT, "killing")
+
+    async def kill_all(self, sig: int = signals.SIGTERM) -> None:
+        """End every recorded group that is still the process we spawned (``sig``, then SIGKILL); never raises."""
+        async with self.sweeping():
+            await self.kill_recorded(sig)
+
+    async def kill_recorded(self, sig: int = signals.SIGTERM, spare: frozenset[int] = frozenset()) -> None:
+        """``kill_all`` for a caller that holds ``sweeping``; ``spare``: pgids it kills (and reaps) itself."""
+        ours = []
+        for entry in self.entries():
+            if entry.pgid in spare:
+                continue
+            if self._still_ours(entry):
+                ours.append(entry)
+            else:
+                self.drop(entry)
+        await asyncio.gather(*(end_group(e.pgid, sig, self._logger) for e in ours), return_exceptions=True)
+        for entry in ours:
+            if not group_members(entry.pgid):
+                self.drop(entry)
 
 
 class TextStream:
@@ -175,6 +391,8 @@ class HostProcess:
         self._exit: asyncio.Future[int] = asyncio.ensure_future(self._await_exit())
         self._kill: asyncio.Task[None] | None = None
         self.killed_by: int | None = None
+        # Its entry in the sandbox's ``ProcessRecord`` (set by the spawner), dropped when its group is gone.
+        self.recorded: RecordedGroup | None = None
 
     async def _await_exit(self) -> int:
         try:
@@ -239,31 +457,10 @@ class HostProcess:
             await self.settle()
 
     async def _signal_group(self, sig: int) -> None:
-        pgid = self.pid
-        if self.exited and not group_members(pgid):
+        if self.exited and not group_members(self.pid):
             return
         self.killed_by = sig
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        except OSError as exc:
-            self._warn("could not signal the process group; signalling the wrapper alone", exc)
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.send_signal(sig)
-        if await _wait_group_gone(pgid, KILL_GRACE):
-            return
-        if sig != signals.SIGKILL:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signals.SIGKILL)
-        if not await _wait_group_gone(pgid, KILL_CONFIRM):
-            self._warn("processes survived SIGKILL", None, pids=group_members(pgid))
-
-    def _warn(self, message: str, exc: BaseException | None, **meta: Any) -> None:
-        if self._logger is not None:
-            if exc is not None:
-                meta["error"] = repr(exc)
-            self._logger.warn(message, {"pid": self.pid, **meta})
+        await end_group(self.pid, sig, self._logger, fallback=self._proc.send_signal)
 
 
 class Launch(Protocol):
@@ -277,34 +474,40 @@ class Launch(Protocol):
 class HostProcesses:
     """``SandboxProcesses`` for a host-side provider; tracks every process it starts."""
 
-    def __init__(self, launch: Launch, logger: Logger | None) -> None:
+    def __init__(self, launch: Launch, logger: Logger | None, record: ProcessRecord | None = None) -> None:
         self._launch = launch
         self._logger = logger
         self.live: set[HostProcess] = set()
+        # Where the groups this handle spawns are written down, for a handle or destroy that did not spawn them.
+        self.record = record
 
     async def spawn(self, command: str, opts: ProcessOptions | None = None) -> HostProcess:
         opts = opts or ProcessOptions()
         if opts.signal is not None:
             opts.signal.throw_if_aborted()
         argv, cwd, env = self._launch(command, opts.cwd, opts.env)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-                env=dict(env),
-                start_new_session=True,
-            )
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(
-                exc.errno, f"cannot start {argv[0]!r} in {cwd!r}: {exc.strerror}", exc.filename
-            ) from exc
-        process = HostProcess(proc, self._logger)
-        self.live.add(process)
+        async with self.record.spawning() if self.record is not None else contextlib.nullcontext():
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    cwd=cwd,
+                    env=dict(env),
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(
+                    exc.errno, f"cannot start {argv[0]!r} in {cwd!r}: {exc.strerror}", exc.filename
+                ) from exc
+            # Under the spawn lock and before any await: a sweep sees this process in ``live`` or the record.
+            process = HostProcess(proc, self._logger)
+            self.live.add(process)
+            if self.record is not None:
+                process.recorded = self.record.add(proc.pid)
         done = asyncio.gather(process._exit, *process._pumps, return_exceptions=True)
-        done.add_done_callback(lambda _: self.live.discard(process))
+        done.add_done_callback(lambda _: self._ended(process))
         if opts.signal is not None:
 
             def on_abort(_reason: object) -> None:
@@ -324,9 +527,29 @@ class HostProcesses:
             raise
         return ExecResult(stdout=out, stderr=err, exit_code=code)
 
+    def _ended(self, process: HostProcess) -> None:
+        self.live.discard(process)
+        if self.record is not None and process.recorded is not None:
+            self.record.drop_if_gone(process.recorded)
+
     async def kill_all(self) -> None:
-        """Kill every tracked process (TERM, then KILL survivors) and release it; never raises."""
-        live = list(self.live)
+        """Kill every tracked process and every recorded group still alive (TERM, then KILL); never raises.
+
+        The record holds what other handles of the sandbox spawned: a dead host's durable agent among them.
+        """
+        if self.record is None:
+            await self._kill_live(list(self.live))
+            return
+        async with self.record.sweeping():
+            live = list(self.live)
+            spare = frozenset(p.pid for p in live)
+            await asyncio.gather(self._kill_live(live), self.record.kill_recorded(spare=spare), return_exceptions=True)
+            for process in live:
+                if process.recorded is not None:
+                    self.record.drop_if_gone(process.recorded)
+
+    @staticmethod
+    async def _kill_live(live: list[HostProcess]) -> None:
         if live:
             await asyncio.gather(*(p.kill() for p in live), return_exceptions=True)
             await asyncio.gather(*(p.settle() for p in live), return_exceptions=True)
@@ -343,9 +566,14 @@ __all__ = [
     "HostProcesses",
     "Launch",
     "Logger",
+    "ProcessRecord",
+    "RecordedGroup",
     "TextStream",
+    "end_group",
     "exit_code_of",
     "group_members",
+    "recorded_group",
+    "start_time_of",
 ]
 
 

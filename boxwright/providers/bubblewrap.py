@@ -19,7 +19,9 @@ named there, never silently skipped.
 A sandbox is a state directory ``<base_dir>/<uuid>`` holding ``tmp/``, the
 workspace (``workspace/``, unless ``dir`` names one) and ``sandbox.json``; its
 id is that directory. Every ``bwrap`` of a sandbox carries the directory in its
-argv, so destroy finds and kills them all, also ones another process started.
+argv, so destroy finds and kills them all, also ones another process started; the groups a
+handle spawns are also recorded (``processes/``, ``_posix.ProcessRecord``), so they get SIGTERM
+and a grace before that sweep's SIGKILL.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ from ..git_exec import ExecGit
 from ..sandbox import Capabilities, CreateInput, DestroyInput, ResumeInput, SnapshotRef
 from . import _seccomp
 from ._hostfs import HostFs, PathMap
-from ._posix import HandleEnv, HostProcesses, LocalPorts, Logger, StdlibLogger, remove_tree_with_retry
+from ._posix import (
+    HandleEnv,
+    HostProcesses,
+    LocalPorts,
+    Logger,
+    ProcessRecord,
+    StdlibLogger,
+    remove_tree_with_retry,
+)
 
 NAME = "bubblewrap"
 INSTALL_HELP = "install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
@@ -463,7 +473,9 @@ class BubblewrapHandle:
         self.env = HandleEnv(env)
         self._paths = PathMap([("/workspace", meta.workspace), ("/tmp", self._tmp)], fallback=None)
         self.fs = HostFs(self._paths)
-        self.process = HostProcesses(self._launch, logger)
+        record = _process_record(state, logger)
+        record.prepare()
+        self.process = HostProcesses(self._launch, logger, record)
         self.git = ExecGit(self.process)
         self.ports = LocalPorts()
         # Added by bind_read_only for this handle's life (an agent CLI found on the host, a repository
@@ -548,12 +560,18 @@ class BubblewrapHandle:
         await asyncio.to_thread(_teardown, self._state, self._meta, self._logger)
 
 
+def _process_record(state: str, logger: Logger | None) -> ProcessRecord:
+    """The groups the sandbox's handles spawned (another host's too): TERMed first, before the argv sweep."""
+    return ProcessRecord(os.path.join(state, "processes"), logger)
+
+
 def _teardown(state: str, meta: _Meta, logger: Logger | None) -> None:
     _kill_sandbox_processes(state)
     if not meta.owned_workspace and os.path.isdir(state):
         # The user's workspace stays; only our state goes.
         remove_tree_with_retry(os.path.join(state, "tmp"), logger)
         remove_tree_with_retry(os.path.join(state, "etc"), logger)
+        remove_tree_with_retry(os.path.join(state, "processes"), logger)
         for name in ("sandbox.json", "seccomp.bpf"):
             with _suppress_missing():
                 os.unlink(os.path.join(state, name))
@@ -680,6 +698,7 @@ class BubblewrapProvider:
                 meta = msgspec.json.decode(f.read(), type=_Meta)
         except FileNotFoundError:
             return
+        await _process_record(input.id, self._logger).kill_all()
         await asyncio.to_thread(_teardown, input.id, meta, self._logger)
 
 

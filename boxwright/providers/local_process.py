@@ -13,6 +13,10 @@ private state directory ``<base_dir>.state/<sha256(root)>`` (both levels 0700 an
 user's), outside the workspace so it never shows in git, and beside ``base_dir`` so that
 stays one entry per sandbox. It is named by the root, so a process resuming the same root
 finds the same journals, and destroy removes it even when the workspace directory is the user's.
+
+A durable run's agent outlives the host that spawned it (its own session; the journal keeps its
+output), so the state dir also records every process group a handle spawns (``processes/``, see
+``_posix.ProcessRecord``): destroy by id, or a later handle's destroy, kills those still alive first.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ._posix import (
     HostProcesses,
     LocalPorts,
     Logger,
+    ProcessRecord,
     StdlibLogger,
     merged_env,
     remove_tree_with_retry,
@@ -126,7 +131,9 @@ class LocalProcessHandle:
         self._paths = PathMap([("/workspace", root)], fallback=root)
         self.env = HandleEnv(env)
         self.fs = HostFs(self._paths)
-        self.process = HostProcesses(self._launch, logger)
+        record = process_record_of(self._state_dir, logger)
+        record.prepare()
+        self.process = HostProcesses(self._launch, logger, record)
         self.git = ExecGit(self.process, shell_path=self._paths.host)
         self.ports = LocalPorts()
         self._destroyed = False
@@ -236,10 +243,18 @@ class LocalProcessProvider:
         return self._handle(input.id, owned=self._remove and self._is_own(input.id))
 
     async def destroy(self, input: DestroyInput) -> None:
-        # No handle, so nothing of ours to kill here: the state dir, and the directory only if we own it.
-        await asyncio.to_thread(remove_tree_with_retry, state_dir_for(self._base_dir, input.id), self._logger)
+        # No handle here, but the record names what every handle of this sandbox spawned (a dead host's
+        # durable agent too): killed first, then the state dir, and the directory only if we own it.
+        state_dir = state_dir_for(self._base_dir, input.id)
+        await process_record_of(state_dir, self._logger).kill_all()
+        await asyncio.to_thread(remove_tree_with_retry, state_dir, self._logger)
         if self._remove and self._is_own(input.id):
             await asyncio.to_thread(remove_tree_with_retry, input.id, self._logger)
+
+
+def process_record_of(state_dir: str, logger: Logger | None) -> ProcessRecord:
+    """Where the process groups of the sandbox whose state dir is ``state_dir`` are recorded."""
+    return ProcessRecord(os.path.join(state_dir, "processes"), logger)
 
 
 def _dir_name(id: str) -> str:
