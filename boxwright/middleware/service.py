@@ -36,7 +36,7 @@ from boxwright._json import BoundedDecoder, JsonBoundsError
 from boxwright.abort import AbortController, AbortSignal, wait_unless_aborted
 from boxwright.agent import JournalCleanup, JournalOptions, run_agent, shared_secret
 from boxwright.colocated import ToolExecHost
-from boxwright.definition import SandboxDefinition
+from boxwright.definition import EnsureContext, SandboxDefinition
 from boxwright.errors import (
     EpochFencedError,
     InvalidRunIdError,
@@ -68,7 +68,7 @@ from boxwright.runs import (
     was_cancel_requested,
 )
 from boxwright.secrets import TOKEN_PREFIX, redact, resolve_all_secrets, run_bridge_token
-from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
+from boxwright.stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore, hold_lock
 from boxwright.takeover import RunClaim, align_to_stored_log, is_out_of_band, sandbox_run_driver
 from boxwright.tool_bridge import HostToolBridge
 from boxwright.tool_bridge.tools import Tool
@@ -795,6 +795,12 @@ class SandboxService:
             async def stored() -> list[Event]:
                 return await self.log.snapshot(rid)
 
+            # The claim's signal, and this process's cancel band (cancel_run reaches a takeover too).
+            stop = AbortSignal.any([signal, entry.abort.signal])
+            durability = RecordDurability(self.runs, rid, claim_of=lambda: driver.held_claim(rid))
+            sandbox_ctx = EnsureContext(
+                thread_id=tid, run_id=rid, store=self._store, locks=locks, adapter_name=spec.harness.name
+            )
             events = run_agent(
                 spec.sandbox,
                 spec.harness,
@@ -804,20 +810,24 @@ class SandboxService:
                 tools=spec.tools,
                 bridge=self.bridge,
                 session_id=spec.session_id,
-                # The claim's signal, and this process's cancel band (cancel_run reaches a takeover too).
-                signal=AbortSignal.any([signal, entry.abort.signal]),
+                signal=stop,
                 store=self._store,
                 locks=locks,
                 # The stored log also tells the successor's watcher which file events it holds.
                 journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup, logged=stored, fresh=fresh),
-                durability=RecordDurability(self.runs, rid, claim_of=lambda: driver.held_claim(rid)),
+                durability=durability,
                 file_hooks=spec.file_hooks,
                 # Co-located: the successor attaches to the runner's run instead of re-reading a journal.
                 mode=spec.mode,
                 runner_secret=self._runner_secret,
                 tool_exec=self.tool_exec,
             )
-            return _failing_as_told(align_to_stored_log(events, stored, out_of_band=is_out_of_band), entry.abort.signal)
+            aligned = _failing_as_told(
+                align_to_stored_log(events, stored, out_of_band=is_out_of_band), entry.abort.signal
+            )
+            return _EndingSandboxOnStop(
+                aligned, stop, functools.partial(_end_stopped_sandbox, spec.sandbox, sandbox_ctx, durability, locks)
+            )
 
         driver = sandbox_run_driver(
             self.runs, locks, self.log, replay, lease_ttl_ms=self.lease_ttl_ms, after_terminal=cleanup
@@ -1243,6 +1253,63 @@ async def _failing_as_told(events: AsyncIterator[Event], signal: AbortSignal) ->
             if isinstance(reason, RunFailure) and isinstance(event, RunErrorEvent) and event.code in ABORT_ERROR_CODES:
                 event = msgspec.structs.replace(event, message=reason.error.message, code=reason.error.code)
             yield event
+
+
+class _EndingSandboxOnStop(AsyncIterator[Event]):
+    """A takeover's events that, closed after a stop for good (a cancel, ``fail_run``), see the sandbox ended.
+
+    A successor re-enters the sandbox only after the dead driver's lease and the log's quiet window;
+    a stop that comes first ends the run before its drive pulls one event (or while its ensure is
+    under way), so ``run_agent``'s own teardown, which destroys the sandbox it entered, never ran or
+    had nothing to destroy, and the dead host's agent would run on in there, billed and writing. A
+    class, not an async generator: the close of one never started does not run its body, and that
+    close is the one thing the run's pump does with a stream stopped before its first pull.
+    """
+
+    def __init__(
+        self, events: AsyncIterator[Event], signal: AbortSignal, end_sandbox: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._events = events
+        self._signal = signal
+        self._end_sandbox = end_sandbox
+        self._closed = False
+
+    async def __anext__(self) -> Event:
+        return await anext(self._events)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return  # the puller closes it, then the pump once more
+        self._closed = True
+        try:
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            # RunFailure equals the cancel reason: a failure stops for good too. A lost claim does not.
+            if self._signal.aborted and self._signal.reason == RUN_CANCEL_REASON:
+                await self._end_sandbox()
+
+
+async def _end_stopped_sandbox(
+    sandbox: SandboxDefinition, ctx: EnsureContext, durability: RecordDurability, locks: LockStore
+) -> None:
+    """Destroy the run's recorded sandbox, as a cancel does, unless another driver owns the run now; never raises.
+
+    Under the sandbox's lock (the one ``ensure`` takes), so it cannot race a re-entry. After a drive
+    that entered and destroyed it, nothing is recorded any more: one read, no destroy.
+    """
+    try:
+        if not await durability.holds_run():
+            return  # superseded: the sandbox is the successor's
+        async with hold_lock(locks, f"sandbox:{sandbox.instance_key(ctx)}"):
+            await sandbox.destroy(ctx)
+    except Exception as exc:
+        log.warning(
+            "run %r: stopped before its takeover re-entered the sandbox; could not destroy it: %s",
+            ctx.run_id,
+            redact(f"{type(exc).__name__}: {exc}"),
+        )
 
 
 def _run_secrets(sandbox: SandboxDefinition) -> list[str]:

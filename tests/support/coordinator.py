@@ -8,7 +8,8 @@ Every process started over the same store URL (default: a SQLite file) is one co
 run by the command harness in a local-process sandbox under ``BWT_BASE_DIR``), the lease, the
 watchdog; ``BWT_MODEL_URL`` adds the ``claude`` harness (the real CLI against that fake model);
 ``BWT_RUNNER_IMAGE`` adds the co-located ``docker`` sandbox profile (labels ``BWT_DOCKER_LABELS=k=v,...``)
-and its ``claude-box`` harness. Its tool ``record_call`` appends its arguments to ``BWT_TOOL_LOG``, so a test sees
+and its ``claude-box`` harness; ``BWT_DOCKER_BASE`` (an image) a host-driven ``docker-base`` one.
+Its tool ``record_call`` appends its arguments to ``BWT_TOOL_LOG``, so a test sees
 whether a callback ran anything; the ``bridge-env`` harness hands the agent its bridge URL and
 token (``BOXWRIGHT_BRIDGE_URL`` / ``BOXWRIGHT_BRIDGE_TOKEN``) so a shell agent can call it.
 A later chaos test or bench starts replicas over ``redis://`` with ``store=``.
@@ -67,6 +68,11 @@ def record_call_tool(path: str) -> Tool:
     return define_tool("record_call", "Record that it was called (a test probe).", schema, record)
 
 
+# The name of the ``docker-base`` profile's sandbox definition (part of its instance key): an in-process
+# replica serving the same profile defines it under this name too.
+DOCKER_BASE_SANDBOX = "coordinator-docker-base"
+
+
 def test_config() -> CoordinatorConfig:
     """The config a test coordinator process serves (knobs from ``BWT_*`` environment variables)."""
     from boxwright.definition import define_sandbox
@@ -100,6 +106,15 @@ def test_config() -> CoordinatorConfig:
         modes["docker"] = "colocated"
         harnesses["claude-box"] = claude_code(
             "claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"}
+        )
+    if env.get("BWT_DOCKER_BASE"):
+        # Host-driven Docker (the agent command runs in a plain image, BWT_AGENT as its shell line): a
+        # sandbox whose destroy is observable from outside (its container is gone), whoever made it.
+        from boxwright.providers.docker import docker_sandbox
+
+        labels = dict(item.split("=", 1) for item in env.get("BWT_DOCKER_LABELS", "").split(",") if item)
+        sandboxes["docker-base"] = define_sandbox(
+            DOCKER_BASE_SANDBOX, docker_sandbox(env["BWT_DOCKER_BASE"], labels=labels)
         )
     return CoordinatorConfig(
         sandboxes=sandboxes,
