@@ -16,10 +16,6 @@ when the timeout is up, not a whole timeout after its adoption. Two kinds of run
   the other's probe is withdrawn. Without this, a coordinator with the sweep off left a dead
   replica's runs ``running`` for ever.
 
-A run is never failed within ``ADOPTION_GRACE_S`` of this replica first seeing it driven here:
-a takeover first waits out the log's quiet window, then re-enters the sandbox, and one stopped
-before it re-entered cannot stop the agent in there (it would run on, its sandbox kept).
-
 Sweep: runs nobody drives any more, at most ``max_runs`` a sweep, are adopted through the
 service's one takeover path: the detached ones (``list_reclaimable``: their driver stamped a
 detach, a graceful shutdown), then those whose replica died without a word (a SIGKILL, a lost
@@ -50,7 +46,6 @@ from boxwright.events import now_ms
 from boxwright.middleware.service import SandboxService
 from boxwright.runs import EventLog, RunError, RunRecord, format_offset, parse_offset
 from boxwright.secrets import redact
-from boxwright.takeover import DEFAULT_FENCE_QUIET_MS
 
 log = logging.getLogger("boxwright.middleware")
 
@@ -62,8 +57,6 @@ WATCHDOG_SETTLE_S: Final = 30.0
 ORPHAN_PROBE_S: Final = 0.5
 # How many running runs one sweep reads to find the orphans among them.
 ORPHAN_SCAN: Final = 1000
-# A takeover's quiet window (DEFAULT_FENCE_QUIET_MS) and its sandbox's re-entry, with room to spare.
-ADOPTION_GRACE_S: Final = DEFAULT_FENCE_QUIET_MS / 1000 + 5.0
 
 
 class SweepResult(msgspec.Struct, rename="camel", kw_only=True):
@@ -82,8 +75,6 @@ class _Seen:
     tail: str
     # ``clock()`` when this replica first saw the log end at ``tail``.
     since: float
-    # ``clock()`` when this replica first saw the run driven here (kept across new tails).
-    first: float
     # How long the log had been idle by then (its last event's stamp against ``wall_clock``): for a run
     # adopted after its replica died, the time nobody was watching it.
     idle_before: float = 0.0
@@ -169,18 +160,19 @@ class Scheduler:
             tail = await self.service.log.tail(run_id)
             seen = self._seen.get(run_id)
             if seen is None or seen.tail != tail:
-                first = now if seen is None else seen.first
-                seen = self._seen[run_id] = _Seen(tail, now, first, await self._idle_at_sight(run_id, tail))
+                seen = self._seen[run_id] = _Seen(tail, now, await self._idle_at_sight(run_id, tail))
             idle = now - seen.since + seen.idle_before
-            if idle > self.inactivity_timeout and now - seen.first >= ADOPTION_GRACE_S:
+            # A takeover still in its quiet window is failed too: its drive ends the sandbox it did not
+            # re-enter yet (the service's takeover driver), so the agent stops with the run.
+            if idle > self.inactivity_timeout:
                 del self._seen[run_id]
                 await self._fail_idle(run_id)
                 failed.append(run_id)
         adopted = await self._adopt_idle_undriven()
         for run_id in adopted:
-            # Seen from its adoption on: failed once the grace is over, as any idle run driven here.
+            # Seen from its adoption on: failed by a later tick, as any idle run driven here.
             tail = await self.service.log.tail(run_id)
-            self._seen[run_id] = _Seen(tail, now, now, await self._idle_at_sight(run_id, tail))
+            self._seen[run_id] = _Seen(tail, now, await self._idle_at_sight(run_id, tail))
         if adopted:
             log.warning("watchdog adopted %d idle run(s) nobody drove: %s", len(adopted), ", ".join(adopted))
         return failed

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from boxwright.coordinator import CoordinatorConfig, StoreSet
-from boxwright.coordinator.scheduler import ADOPTION_GRACE_S, WATCHDOG_CODE, WATCHDOG_MESSAGE, Scheduler
+from boxwright.coordinator.scheduler import WATCHDOG_CODE, WATCHDOG_MESSAGE, Scheduler
 from boxwright.definition import define_sandbox
 from boxwright.events import RunErrorEvent, RunStartedEvent, now_ms
 from boxwright.harnesses.command import CommandHarness
@@ -200,7 +200,6 @@ def test_with_no_sweep_a_dead_replicas_idle_run_is_failed_once_by_the_survivors(
             row = record_row(db, run)
             assert row is not None and row["driver_epoch"] == 2, (row, a.stderr())
             await asyncio.to_thread(wait_for, "the re-entry", _sandbox_reentered(db, run, killed_at), 60)
-            clocks.skip(ADOPTION_GRACE_S)
             # The adopter fails it as a run it drives; the other has nothing to do.
             failed = await asyncio.gather(b.scheduler.watchdog_tick(), c.scheduler.watchdog_tick())
             assert sorted(failed) == [[], [run]], (failed, a.stderr())
