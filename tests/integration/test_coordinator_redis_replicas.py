@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from boxwright.coordinator.scheduler import WATCHDOG_CODE, WATCHDOG_MESSAGE
+from tests.support.agent_procs import running_with_arg
 from tests.support.coordinator import (
     CoordinatorProcess,
     coordinators,
@@ -168,3 +169,5 @@ def test_an_idle_run_whose_replica_died_is_failed_by_the_survivors_watchdog(repl
     assert [(x["message"], x.get("code")) for x in errors] == [(WATCHDOG_MESSAGE, WATCHDOG_CODE)], frames[-3:]
     # The agent's sandbox went with the run (the watchdog cancels it), though C made it.
     wait_for("the sandbox's removal", lambda: not any(p.exists() for p in made), 60)
+    # And the agent with it: C spawned it, B's destroy found it in the sandbox's process record.
+    assert running_with_arg(c.tmp / "scripted_agent.py", settle=30) == [], failures()

@@ -16,9 +16,7 @@ compared with).
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import signal
 import sqlite3
 import time
 from collections.abc import Callable
@@ -34,6 +32,7 @@ from boxwright.events import RunErrorEvent, RunStartedEvent, now_ms
 from boxwright.harnesses.command import CommandHarness
 from boxwright.providers import local_process_sandbox
 from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
+from tests.support.agent_procs import running_with_arg
 from tests.support.coordinator import (
     CLIENT_TOKEN,
     CoordinatorProcess,
@@ -92,25 +91,6 @@ def _sandboxes(tmp: Path) -> set[Path]:
     return set((tmp / "sandboxes").glob("*"))
 
 
-def _end_agents_of(tmp: Path) -> int:
-    """SIGKILL the scripted agents this test started that outlived it; returns how many there were.
-
-    A successor over a local-process sandbox destroys its directories but cannot kill an agent another process
-    spawned (its handle knows only its own processes): the watchdog's cancel leaves that agent sleeping."""
-    marker = str(tmp / "scripted_agent.py").encode()
-    ended = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker in (entry / "cmdline").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-                ended += 1
-        except (OSError, ProcessLookupError):
-            continue
-    return ended
-
-
 def _quiet_agent_started(db: Path, run: str) -> Callable[[], object]:
     return lambda: stored_deltas(db, run) == ["started\n"]
 
@@ -160,11 +140,10 @@ def test_a_run_idle_before_its_adoption_is_failed_when_its_timeout_is_up(tmp_pat
         last = stored_events(db, run)[-1]
         assert isinstance(last, RunErrorEvent) and last.code == WATCHDOG_CODE, last
         await asyncio.to_thread(wait_for, "the sandbox's removal", lambda: not any(p.exists() for p in made), 30)
+        # A's agent too: B's new handle found it in the sandbox's process record and killed it.
+        assert await asyncio.to_thread(running_with_arg, tmp_path / "scripted_agent.py", 30) == []
 
-    try:
-        asyncio.run(main())
-    finally:
-        _end_agents_of(tmp_path)
+    asyncio.run(main())
 
 
 def test_with_no_sweep_a_dead_replicas_idle_run_is_failed_once_by_the_survivors(tmp_path: Path) -> None:
@@ -216,9 +195,8 @@ def test_with_no_sweep_a_dead_replicas_idle_run_is_failed_once_by_the_survivors(
         assert [(e.message, e.code) for e in errors] == [(WATCHDOG_MESSAGE, WATCHDOG_CODE)], errors
         # The agent went with the run: the watchdog cancels its sandbox, though A made it.
         await asyncio.to_thread(wait_for, "the sandbox's removal", lambda: not any(p.exists() for p in made), 30)
+        # A's agent too, though A was SIGKILLed: the adopter's destroy found it in the process record.
+        assert await asyncio.to_thread(running_with_arg, tmp_path / "scripted_agent.py", 30) == [], a.stderr()
 
-    try:
-        with coordinators(CoordinatorProcess("a", tmp_path, agent, lease_ms=LEASE_MS)) as (a,):
-            asyncio.run(main(a))
-    finally:
-        _end_agents_of(tmp_path)
+    with coordinators(CoordinatorProcess("a", tmp_path, agent, lease_ms=LEASE_MS)) as (a,):
+        asyncio.run(main(a))

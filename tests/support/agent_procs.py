@@ -33,3 +33,27 @@ def agent_left(env_entry: str, settle: float = 5.0) -> list[str]:
     while (found := _pids_with(entry)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return found
+
+
+def _pids_running(arg: bytes) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(arg in part for part in argv):
+            found.append(pid)
+    return found
+
+
+def running_with_arg(arg: str | Path, settle: float = 5.0) -> list[str]:
+    """Live processes with ``arg`` in an argument (a script under the test's tmp dir), after up to ``settle`` s."""
+    needle = os.fsencode(str(arg))
+    deadline = time.monotonic() + settle
+    while (found := _pids_running(needle)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
