@@ -5,6 +5,7 @@ then re-enters the sandbox. A stop that reaches it meanwhile ends the run as tha
 ends its sandbox too, as it does for a driver already in there:
 
 1. a client's cancel (POST /runs/{id}/cancel on the successor): ``aborted``, the container gone;
+   in the quiet window, and also earlier, while the successor still waits for the dead driver's lease;
 2. the inactivity watchdog's failure (``fail_run``) right after the adoption: ``failed`` with the
    watchdog's error, the container gone.
 
@@ -51,6 +52,8 @@ from tests.support.require import missing
 
 CASE_LABEL = "boxwright.test.case"
 LEASE_MS = 1500
+# Long enough that a cancel surely reaches the successor while it still waits for the dead driver's lease.
+LONG_LEASE_MS = 6000
 # The agent: one line, then asleep for 10 minutes (it reads its prompt, "quiet 600", from stdin).
 AGENT = 'read verb seconds; echo started; exec sleep "$seconds"'
 TIMEOUT_S = 300.0
@@ -67,7 +70,7 @@ def _docker() -> None:
         missing(problem)
 
 
-def _config(db: Path, case: str, **overrides: Any) -> CoordinatorConfig:
+def _config(db: Path, case: str, *, lease_ttl_ms: int = LEASE_MS, **overrides: Any) -> CoordinatorConfig:
     """B: the ``docker-base`` profile A serves (same definition name, image and labels: same instance key)."""
     from boxwright.providers.docker import docker_sandbox
 
@@ -80,14 +83,14 @@ def _config(db: Path, case: str, **overrides: Any) -> CoordinatorConfig:
         harnesses={"command": CommandHarness(command=AGENT)},
         stores=StoreSet(runs, log, SqliteLockStore(sqlite), SqliteInstanceStore(sqlite), close=sqlite.close),
         client_token=CLIENT_TOKEN,
-        lease_ttl_ms=LEASE_MS,
+        lease_ttl_ms=lease_ttl_ms,
         **settings,
     )
 
 
-def _first_driver(tmp: Path, case: str) -> CoordinatorProcess:
+def _first_driver(tmp: Path, case: str, *, lease_ms: int = LEASE_MS) -> CoordinatorProcess:
     env = {"BWT_DOCKER_BASE": BASE_IMAGE, "BWT_DOCKER_LABELS": f"{TEST_LABEL}=1,{CASE_LABEL}={case}"}
-    return CoordinatorProcess("a", tmp, AGENT, lease_ms=LEASE_MS, env=env)
+    return CoordinatorProcess("a", tmp, AGENT, lease_ms=lease_ms, env=env)
 
 
 def _running_containers(case: str) -> list[str]:
@@ -156,6 +159,36 @@ def test_a_cancel_in_the_quiet_window_destroys_the_sandbox(tmp_path: Path) -> No
 
     try:
         with coordinators(_first_driver(tmp_path, case)) as (a,):
+            asyncio.run(main(a))
+    finally:
+        _remove_containers(case)
+
+
+def test_a_cancel_while_the_successor_waits_for_the_dead_drivers_lease_destroys_the_sandbox(tmp_path: Path) -> None:
+    db = tmp_path / "coordinator.db"
+    case = secrets.token_hex(6)
+    thread, run = f"t-{secrets.token_hex(4)}", f"r-lease-cancel-{secrets.token_hex(4)}"
+
+    async def main(a: CoordinatorProcess) -> None:
+        await _orphan(a, db, case, thread, run)  # A's lease (6 s, renewed every 2 s) outlives it by 4 s or more
+        async with (
+            httpx.AsyncClient(headers=client_headers(), timeout=30) as http,
+            coordinator_server(_config(db, case, lease_ttl_ms=LONG_LEASE_MS)) as (b_url, b),
+        ):
+            assert await b.service.take_over_if_orphaned(run) is True
+            cancelled = await http.post(f"{b_url}/runs/{run}/cancel", params={"threadId": thread})
+            assert cancelled.status_code in (200, 202), cancelled.text
+            # Cancelled while B still waited for A's lease: nothing claimed, the sandbox untouched so far.
+            assert run not in b.service.driving_runs and record_row(db, run)["driver_epoch"] == 1  # type: ignore[index]
+            deadline = time.monotonic() + 60
+            while (await http.get(f"{b_url}/runs/{run}", params={"threadId": thread})).json()["status"] == "running":
+                assert time.monotonic() < deadline, "the cancelled run did not end"
+                await asyncio.sleep(0.1)
+        _assert_ended_once(db, run, "aborted", "cancelled")
+        await asyncio.to_thread(_assert_agent_gone, case)
+
+    try:
+        with coordinators(_first_driver(tmp_path, case, lease_ms=LONG_LEASE_MS)) as (a,):
             asyncio.run(main(a))
     finally:
         _remove_containers(case)
