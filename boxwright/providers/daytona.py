@@ -603,7 +603,6 @@ class DaytonaProvider:
         query = daytona.ListSandboxesQuery(labels={LABEL_MANAGED: "1", LABEL_OWNER: owner_id(), **(labels or {})})
         return [owned(str(sandbox.id), sandbox.labels or {}) async for sandbox in self._client().list(query)]
 
-
     async def list_for_key(self, key: str) -> list[str]:
         """The sandboxes labelled with sandbox ``key``, of any owner host, every page."""
         daytona = _sdk()
