@@ -10,6 +10,7 @@ now names another process (recycled: its start time differs) is never signalled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import signal
@@ -23,10 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from boxwright.providers import local_process_sandbox
+from boxwright.providers import bubblewrap_sandbox, local_process_sandbox
 from boxwright.providers._posix import RecordedGroup, group_members, recorded_group
+from boxwright.providers.bubblewrap import probe
 from boxwright.providers.local_process import LocalProcessHandle
-from boxwright.sandbox import CreateInput, DestroyInput
+from boxwright.sandbox import CreateInput, DestroyInput, ResumeInput
+from tests.support.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 # Generous: the host imports boxwright on a 2-core machine other tests load too.
@@ -36,11 +39,11 @@ _HOST = textwrap.dedent(
     """
     import asyncio, sys
     sys.path.insert(0, {root!r})
-    from boxwright.providers import local_process_sandbox
+    from boxwright.providers import {factory}
     from boxwright.sandbox import CreateInput
 
     async def main():
-        handle = await local_process_sandbox(base_dir={base!r}).create(CreateInput(id={ident!r}))
+        handle = await {factory}(base_dir={base!r}).create(CreateInput(id={ident!r}))
         # A backgrounded child in the group, as an agent's tool call would leave one.
         agent = await handle.process.spawn("sleep 600 & sleep 600; echo {marker}")
         print(handle.id, agent.pid, flush=True)
@@ -59,9 +62,15 @@ class _Orphan:
 
 @pytest.fixture
 def orphan(tmp_path: Path) -> Iterator[_Orphan]:
-    """An agent group spawned by a host process that was then SIGKILLed (it never killed its agent)."""
+    """An agent group spawned by a local-process host that was then SIGKILLed (it never killed its agent)."""
+    with _orphaned(tmp_path, "local_process_sandbox") as found:
+        yield found
+
+
+@contextlib.contextmanager
+def _orphaned(tmp_path: Path, factory: str) -> Iterator[_Orphan]:
     base, ident = str(tmp_path / "sandboxes"), f"orphan-{uuid.uuid4().hex[:8]}"
-    script = _HOST.format(root=str(ROOT), base=base, ident=ident, marker=f"marker-{ident}")
+    script = _HOST.format(root=str(ROOT), base=base, ident=ident, marker=f"marker-{ident}", factory=factory)
     host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pgid = 0
     try:
@@ -71,8 +80,8 @@ def orphan(tmp_path: Path) -> Iterator[_Orphan]:
         pgid = int(pid)
         host.kill()
         host.wait(timeout=30)
-        # Two sleeps and their shell: the agent lives on without its host.
-        assert len(group_members(pgid)) == 3, group_members(pgid)
+        # Two sleeps and their shell (under bwrap, bwrap too): the agent lives on without its host.
+        assert len(group_members(pgid)) >= 3, group_members(pgid)
         yield _Orphan(root, pgid)
     finally:
         if host.poll() is None:
@@ -146,3 +155,21 @@ def test_a_recorded_pid_that_now_names_another_process_is_not_killed(tmp_path: P
     finally:
         bystander.kill()
         bystander.wait(timeout=30)
+
+
+def test_a_resumed_bubblewrap_handles_kill_all_ends_a_dead_hosts_agent(tmp_path: Path) -> None:
+    """bubblewrap shares the spawner: a handle resumed by id finds the record (no argv sweep in kill_all)."""
+    found = probe()
+    if not found.available:
+        missing(found.reason)
+    provider = bubblewrap_sandbox(base_dir=tmp_path / "sandboxes")
+    with _orphaned(tmp_path, "bubblewrap_sandbox") as orphan:
+
+        async def main() -> None:
+            handle = await provider.resume(ResumeInput(id=orphan.root))
+            assert handle is not None
+            await handle.process.kill_all()
+            assert group_members(orphan.pgid) == [], "the agent outlived a resumed handle's kill_all"
+            await handle.destroy()
+
+        asyncio.run(main())
