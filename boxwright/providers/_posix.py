@@ -179,7 +179,9 @@ class ProcessRecord:
         try:
             fd = os.open(os.path.join(self.directory, self.LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:
-            yield  # no record directory: the sandbox is destroyed (or predates the record); nothing to order
+            fd = -1  # no record directory: the sandbox is destroyed (or predates the record); nothing to order
+        if fd < 0:
+            yield
             return
         try:
             loop = asyncio.get_running_loop()

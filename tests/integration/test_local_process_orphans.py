@@ -173,3 +173,23 @@ def test_a_resumed_bubblewrap_handles_kill_all_ends_a_dead_hosts_agent(tmp_path:
             await handle.destroy()
 
         asyncio.run(main())
+
+
+def test_a_kill_all_waits_for_a_spawn_in_flight_of_another_handle_and_kills_it(tmp_path: Path) -> None:
+    provider = local_process_sandbox(base_dir=tmp_path / "sandboxes")
+
+    async def main() -> None:
+        first = await provider.create(CreateInput(id="in-flight"))
+        second = await provider.create(CreateInput(id="in-flight"))
+        spawning = asyncio.ensure_future(first.process.spawn("sleep 600"))
+        try:
+            await asyncio.sleep(0)  # the spawn holds the record's lock, inside create_subprocess_exec
+            assert not spawning.done()
+            # Read before the entry is written, the record would be empty and the sleep would live on.
+            await second.process.kill_all()
+            process = await spawning
+            assert group_members(process.pid) == [], "a process spawned while kill_all ran outlived it"
+        finally:
+            await first.destroy()
+
+    asyncio.run(main())
