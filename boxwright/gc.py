@@ -199,6 +199,11 @@ async def _states(base: str, standing: set[str], cutoff: float, min_age: float, 
             kept.append(os.path.join(path, "journals"))
         else:
             if not result.dry_run:
+                from .providers.local_process import process_record_of
+
+                # A durable agent a dead host started may still run though its folder is gone: the state's
+                # record is the last place that names it.
+                await process_record_of(path, None).kill_all()
                 await asyncio.to_thread(remove_tree_with_retry, path, None)
             result.removed.append(GcEntry("sandbox", path, "the state of a sandbox that is gone"))
     return kept

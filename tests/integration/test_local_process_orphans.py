@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -193,3 +194,23 @@ def test_a_kill_all_waits_for_a_spawn_in_flight_of_another_handle_and_kills_it(t
             await first.destroy()
 
     asyncio.run(main())
+
+
+def test_gc_of_a_state_whose_sandbox_folder_is_gone_kills_the_agent_it_records(orphan: _Orphan, tmp_path: Path) -> None:
+    """``boxwright gc`` removes the private state of a sandbox whose folder is gone; an agent a dead host left
+    running there is named only by that state's record, so it is killed first, not orphaned for good."""
+    from boxwright.gc import collect_garbage
+    from boxwright.stores.sqlite import SqliteInstanceStore, open_database
+
+    shutil.rmtree(orphan.root)  # the folder went (by hand, or a crash mid-destroy); the state stayed
+
+    async def main() -> None:
+        async with open_database(tmp_path / "gc.db") as db:
+            await SqliteInstanceStore(db).get("none")  # the file and its schema, as a used database has them
+            # A clock a little ahead: the state changed a moment ago, and "older than 0 s" must hold for it.
+            later = time.time() + 5
+            result = await collect_garbage(db, sandbox_dirs=[str(tmp_path / "sandboxes")], min_age=0, now=later)
+        assert [e.reason for e in result.removed] == ["the state of a sandbox that is gone"], result
+
+    asyncio.run(main())
+    assert group_members(orphan.pgid) == [], "gc removed the state and left its agent running"
