@@ -101,6 +101,12 @@ def permission_rules(policy: SandboxPolicy | None) -> dict[str, Any]:
     return rules
 
 
+# How long OpenCode waits for the bridge's tool list (its default is 5 s). A server that misses it is dropped
+# and the run goes on without its tools. CI once showed just that on a loaded 2-core host: the run finished,
+# and the model's call to the host tool never reached the host.
+MCP_FETCH_TIMEOUT_MS = 60_000
+
+
 @dataclass(frozen=True)
 class OpenCodeHarness:
     """Runs ``opencode run --format json``. Build it with :func:`opencode`."""
@@ -126,6 +132,7 @@ class OpenCodeHarness:
                 "url": ctx.bridge.url,
                 "enabled": True,
                 "headers": {"Authorization": f"Bearer {ctx.bridge.token}"},
+                "timeout": MCP_FETCH_TIMEOUT_MS,
             }
         rules = permission_rules(ctx.policy)
         if rules:

@@ -56,7 +56,8 @@ PAGE = """<!doctype html>
 
 
 class EndFirstStreamEarly:
-    """Test hook (ASGI): the first SSE response is ended after ``after`` events; the tail sees a disconnect."""
+    """Test hook (ASGI): the first SSE response is ended once it carried ``after`` events (at the end of the body
+    that reached them); the tail sees a disconnect."""
 
     def __init__(self, app: Any, after: int) -> None:
         self.app = app
@@ -81,10 +82,12 @@ class EndFirstStreamEarly:
                 return
             await send(message)
             body = message.get("body", b"")
-            if message["type"] == "http.response.body" and body.startswith(b"id: "):
-                sent += 1
-                if sent == self.after:
-                    self.cut_at = body.split(b"\n", 1)[0].removeprefix(b"id: ").decode()
+            # One body may carry several events (the tail coalesces what is ready): count each id line.
+            ids = [line.removeprefix(b"id: ") for line in body.split(b"\n") if line.startswith(b"id: ")]
+            if message["type"] == "http.response.body" and ids:
+                sent += len(ids)
+                if sent >= self.after:
+                    self.cut_at = ids[-1].decode()
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     cut.set()
 

@@ -81,7 +81,11 @@ def _orphaned(tmp_path: Path, factory: str) -> Iterator[_Orphan]:
         pgid = int(pid)
         host.kill()
         host.wait(timeout=30)
-        # Two sleeps and their shell (under bwrap, bwrap too): the agent lives on without its host.
+        # Two sleeps and their shell (under bwrap, bwrap too): the agent lives on without its host. The host
+        # printed once the spawn returned, not once the shell had forked its sleeps (under bwrap, later).
+        deadline = time.monotonic() + HOST_START_S
+        while len(group_members(pgid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(group_members(pgid)) >= 3, group_members(pgid)
         yield _Orphan(root, pgid)
     finally:

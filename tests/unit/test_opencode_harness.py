@@ -177,6 +177,7 @@ def test_plan_runs_run_format_json_with_the_prompt_on_stdin_and_the_token_only_i
         "url": BRIDGE.url,
         "enabled": True,
         "headers": {"Authorization": "Bearer tok-secret-123"},
+        "timeout": 60_000,  # the tool list's fetch: OpenCode's own 5 s drops the bridge on a loaded host
     }
     assert list(content["permission"]["bash"].items()) == [("*", "ask"), ("echo *", "allow"), ("rm *", "deny")]
     assert plan.stdin == "be brief\n\ndo it" and plan.env["OPENCODE_DISABLE_AUTOUPDATE"] == "1"
