@@ -56,8 +56,8 @@ PAGE = """<!doctype html>
 
 
 class EndFirstStreamEarly:
-    """Test hook (ASGI): the first SSE response is ended once it carried ``after`` events (at the end of the body
-    that reached them); the tail sees a disconnect."""
+    """Test hook (ASGI): the first SSE response is ended right after its ``after``-th event; the tail sees a
+    disconnect."""
 
     def __init__(self, app: Any, after: int) -> None:
         self.app = app
@@ -80,16 +80,24 @@ class EndFirstStreamEarly:
             nonlocal sent
             if cut.is_set():
                 return
-            await send(message)
             body = message.get("body", b"")
-            # One body may carry several events (the tail coalesces what is ready): count each id line.
-            ids = [line.removeprefix(b"id: ") for line in body.split(b"\n") if line.startswith(b"id: ")]
-            if message["type"] == "http.response.body" and ids:
-                sent += len(ids)
-                if sent >= self.after:
-                    self.cut_at = ids[-1].decode()
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    cut.set()
+            if message["type"] != "http.response.body" or b"id: " not in body:
+                await send(message)
+                return
+            # One body may carry several events (the tail coalesces what is ready, a whole backlog at once):
+            # pass on the messages up to the ``after``-th event, then end the response there.
+            kept: list[bytes] = []
+            for part in body.split(b"\n\n")[:-1]:
+                kept.append(part + b"\n\n")
+                if part.startswith(b"id: "):
+                    sent += 1
+                    if sent == self.after:
+                        self.cut_at = part.split(b"\n", 1)[0].removeprefix(b"id: ").decode()
+                        break
+            await send({**message, "body": b"".join(kept)})
+            if self.cut_at is not None:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                cut.set()
 
         async def cut_receive() -> Any:
             incoming = asyncio.ensure_future(receive())
