@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -27,11 +26,11 @@ import httpx
 import pytest
 
 from boxwright import events as ev
-from boxwright.events import Event, decode_event
+from boxwright.events import Event
 from boxwright.runs import format_offset
 from tests.fixtures import DEFAULT_CLAUDE_BIN, find_claude
 from tests.fixtures.fake_model import FakeModelServer, HttpError, Step, Text, ToolCall, _handler_for
-from tests.support.replicas import record_row, wait_for
+from tests.support.replicas import record_row, stored_log, wait_for
 from tests.support.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,15 +221,7 @@ def result_of(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, 
 
 def stored(db: Path, run_id: str) -> list[tuple[str, Event]]:
     """Every stored (offset, event) of a run, read straight from the SQLite file."""
-    if not db.exists():
-        return []
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
-        rows = conn.execute(
-            "SELECT e.seq, e.event FROM run_logs AS l JOIN run_log_events AS e ON e.log_id = l.id "
-            "WHERE l.run_id = ? ORDER BY e.seq",
-            (run_id,),
-        ).fetchall()
-    return [(format_offset(run_id, seq), decode_event(blob)) for seq, blob in rows]
+    return [(format_offset(run_id, seq), event) for seq, event in stored_log(db, run_id)]
 
 
 def expected_messages(events: list[Event]) -> dict[str, Any]:

@@ -92,14 +92,25 @@ def _connect(db: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
 
 
-def stored_events(db: Path, run_id: str) -> list[Event]:
+def stored_log(db: Path, run_id: str) -> list[tuple[int, Event]]:
+    """Every stored (seq, event) of a run, read straight from the SQLite file; empty before the app made it."""
+    if not db.exists():
+        return []
     with contextlib.closing(_connect(db)) as conn:
+        # A starting app creates the file before its schema: until both tables exist nothing is stored.
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not {"run_logs", "run_log_events"} <= tables:
+            return []
         rows = conn.execute(
-            "SELECT e.event FROM run_logs AS l JOIN run_log_events AS e ON e.log_id = l.id "
+            "SELECT e.seq, e.event FROM run_logs AS l JOIN run_log_events AS e ON e.log_id = l.id "
             "WHERE l.run_id = ? ORDER BY e.seq",
             (run_id,),
         ).fetchall()
-    return [decode_event(blob) for (blob,) in rows]
+    return [(seq, decode_event(blob)) for seq, blob in rows]
+
+
+def stored_events(db: Path, run_id: str) -> list[Event]:
+    return [event for _, event in stored_log(db, run_id)]
 
 
 def stored_deltas(db: Path, run_id: str) -> list[str]:
