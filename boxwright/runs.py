@@ -233,6 +233,23 @@ def offset_never_issued(run_id: str, offset: str, last_seq: int) -> InvalidOffse
     )
 
 
+async def last_stored_event(log: EventLog, run_id: str, tail: str | None = None) -> Event | None:
+    """``run_id``'s last stored event (``None`` for an empty log); ``tail``: the log's tail, when already read.
+
+    Reads one event and never waits.
+    """
+    if tail is None:
+        tail = await log.tail(run_id)
+    seq = parse_offset(run_id, tail) or 0
+    if seq <= 0:
+        return None
+    reader = log.read(run_id, format_offset(run_id, seq - 1), live=False)
+    async with contextlib.aclosing(reader):  # type: ignore[type-var]  # every store's read is an async generator
+        async for _offset, event in reader:
+            return event
+    return None
+
+
 async def wait_event_or_abort(event: asyncio.Event, signal: AbortSignal | None) -> bool:
     """Wait for ``event``; ``False`` if ``signal`` aborted first (a reader's wait for the next append)."""
     if signal is None:
@@ -485,7 +502,27 @@ class _Pump:
         # already holds the announcement and the run's RUN_STARTED.
         self.announce = await self.log_is_empty()
         self.run_started = not self.announce
+        if not self.announce:
+            await self.adopt_stored_end()
         await self.pump(stream, signal)
+
+    async def adopt_stored_end(self) -> None:
+        """A successor's log that already ends with the run's terminal event: that event is the verdict.
+
+        Its driver died after the event landed and before the record said so. The stream is still
+        pulled (its teardown ends the sandbox as the run's end would), but nothing it yields, raises
+        or replays differently may change what readers were told: a run whose log says RUN_ERROR is
+        recorded failed with that error, never completed because the replay had nothing new.
+        """
+        try:
+            last = await last_stored_event(self.events, self.run_id)
+        except Exception as exc:
+            _log(self.logger, logging.WARNING, "run %r: could not read its last stored event: %s", self.run_id, exc)
+            return
+        if isinstance(last, (RunFinishedEvent, RunErrorEvent)):
+            _log(self.logger, logging.INFO, "run %r: its log already ends with %s", self.run_id, last.type)
+            self.observe(last)
+            self.last_type = last.type
 
     def announcement(self, first: Event | None) -> list[Event]:
         """What a fresh log starts with: RUN_STARTED (the stream's own when it comes first), then run.accepted.
@@ -1053,6 +1090,7 @@ __all__ = [
     "format_offset",
     "is_run_status",
     "is_terminal_status",
+    "last_stored_event",
     "offset_never_issued",
     "parse_offset",
     "patch_changes",

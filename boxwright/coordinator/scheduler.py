@@ -44,7 +44,7 @@ import msgspec
 
 from boxwright.events import now_ms
 from boxwright.middleware.service import SandboxService
-from boxwright.runs import EventLog, RunError, RunRecord, format_offset, parse_offset
+from boxwright.runs import EventLog, RunError, RunRecord, last_stored_event
 from boxwright.secrets import redact
 
 log = logging.getLogger("boxwright.middleware")
@@ -81,20 +81,9 @@ class _Seen:
 
 
 async def last_event_ms(log: EventLog, run_id: str, tail: str | None = None) -> int | None:
-    """The stored ``timestamp`` of ``run_id``'s last event (``None``: an empty log, or a last event with none).
-
-    ``tail`` is the log's tail when the caller read it already. Reads one event, never waits.
-    """
-    if tail is None:
-        tail = await log.tail(run_id)
-    seq = parse_offset(run_id, tail) or 0
-    if seq <= 0:
-        return None
-    reader = log.read(run_id, format_offset(run_id, seq - 1), live=False)
-    async with contextlib.aclosing(reader):  # type: ignore[type-var]  # every store's read is an async generator
-        async for _offset, event in reader:
-            return event.timestamp
-    return None
+    """The stored ``timestamp`` of ``run_id``'s last event (``None``: an empty log, or a last event with none)."""
+    last = await last_stored_event(log, run_id, tail)
+    return None if last is None else last.timestamp
 
 
 @dataclass(eq=False)
