@@ -25,7 +25,9 @@ idempotent per run id, so a predecessor's request that still landed starts no se
 the runner did produce recorded events for but no longer has (its container was replaced) fails:
 its agent's work is gone.
 A drive that stops without the run's end (a detach, a lost claim) leaves the runner running; the
-host that reads the end shuts the runner down (``POST /shutdown``).
+host that reads the end shuts the runner down (``POST /shutdown``, which the runner answers once the
+run's clean-up is done). A host killed between that and the terminal record leaves a successor no
+runner, and a log that already ends: the stored end stands, and the record says it.
 
 The runner token is derived, never stored: ``runner_token(secret, sandbox id)`` is an HMAC-SHA256
 of the sandbox (container) id under a secret every host entitled to the run shares
@@ -241,6 +243,10 @@ async def _may_start_afresh(
     if fresh is None or logged is None:
         raise ColocatedRunError(cannot)
     produced = [event for event in await logged() if not _hosts_own(event)]
+    if produced and isinstance(produced[-1], (RunFinishedEvent, RunErrorEvent)):
+        # The predecessor read the run's end, stored it and shut the runner down, then died before the
+        # record said so: nothing is lost, and the stored end stands (``pipe_to_run_log`` keeps it).
+        raise ColocatedRunError(f"{cannot}; the run's end ({produced[-1].type}) is recorded already")
     if produced:
         kinds = ", ".join(sorted({getattr(event, "name", None) or event.type for event in produced}))
         raise ColocatedRunError(

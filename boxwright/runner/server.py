@@ -24,7 +24,7 @@ import contextlib
 import hmac
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -49,6 +49,9 @@ NDJSON = "application/x-ndjson"
 _MAX_BODY = 4 << 20
 # Past any file the runner writes; a larger one made ``seek`` raise mid-response (a cut stream, a traceback).
 _MAX_OFFSET = 1 << 53
+# How long ``/shutdown`` waits for runs whose terminal line is written to finish their clean-up (the
+# host reads that line and asks at once; the run's sandbox teardown is still going).
+SHUTDOWN_WAIT_S = 10.0
 
 
 async def _bounded_body(request: Request) -> bytes | None:
@@ -154,6 +157,16 @@ async def _execute(request: ContainerRunRequest, run: _Run, resolve_adapter: Res
             run.done = True
             async with run.grew:
                 run.grew.notify_all()
+
+
+async def _ended_runs_done(runs: Iterable[_Run], timeout: float) -> None:
+    """Wait (at most ``timeout`` s in all) for each run that wrote its terminal line to be done."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            for run in [r for r in runs if r.ended is not None]:
+                async with run.grew:
+                    while not run.done:
+                        await run.grew.wait()
 
 
 async def _tail(run: _Run, offset: int) -> AsyncIterator[bytes]:
@@ -289,6 +302,7 @@ def create_runner_app(
     async def shutdown(request: Request) -> Response:
         if not state.authorized(request):
             return PlainTextResponse("missing or wrong runner token", status_code=401)
+        await _ended_runs_done(list(state.runs.values()), SHUTDOWN_WAIT_S)
         going = [run_id for run_id, run in state.runs.items() if not run.done]
         if going:
             return PlainTextResponse(f"runs still going: {', '.join(going)[:200]}", status_code=409)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+import pytest
 
 from boxwright.agent import JournalOptions, run_agent
 from boxwright.definition import define_sandbox
@@ -24,6 +25,7 @@ from boxwright.events import (
     CustomEvent,
     Event,
     RunErrorEvent,
+    RunFinishedEvent,
     RunStartedEvent,
     TextMessageContentEvent,
 )
@@ -162,6 +164,41 @@ def test_a_runner_that_has_the_run_is_attached_to_and_starts_nothing(tmp_path: P
     assert _starts(tmp_path) == 1
 
 
+async def _service_takes_over(
+    tmp: Path, boxes: RunnerBoxes, logged: Sequence[Event]
+) -> tuple[RunRecord | None, list[Event]]:
+    """What a predecessor SIGKILLed after its claim leaves (a record at epoch 1 with its stored input,
+    ``logged`` in the log), adopted through ``SandboxService.take_over_if_orphaned``: its final record and log."""
+    sandbox = define_sandbox("runner-box", boxes)  # type: ignore[arg-type]
+
+    def factory(_start: StartRunRequest) -> RunSpec:
+        return RunSpec(sandbox=sandbox, harness=claude_code("m"), mode="colocated")
+
+    db = open_database(tmp / "service.db")
+    runs, log = sqlite_run_backend(db)
+    service = SandboxService(
+        runs,
+        log,
+        locks=SqliteLockStore(db),
+        store=SqliteInstanceStore(db),
+        factory=factory,
+        lease_ttl_ms=1500,
+        runner_secret=SECRET,
+    )
+    try:
+        await create_run(runs, RUN, THREAD)
+        stored_input = encode_run_input(STORED_INPUT, limit=1 << 20)
+        await runs.update(RUN, RunPatch(input_messages=stored_input, driver_epoch=1))
+        if logged:
+            await log.append(RUN, list(logged), epoch=1)
+        assert await service.take_over_if_orphaned(RUN)
+        record = await asyncio.wait_for(service.wait_run(RUN), 60)
+        return record, await log.snapshot(RUN)
+    finally:
+        await service.aclose()
+        await boxes.close()
+
+
 def test_a_service_taking_over_a_colocated_run_killed_at_its_trigger_starts_it_from_the_stored_input(
     tmp_path: Path,
 ) -> None:
@@ -170,37 +207,32 @@ def test_a_service_taking_over_a_colocated_run_killed_at_its_trigger_starts_it_f
     started once on the stored input."""
     (tmp_path / "ws").mkdir()
     boxes = RunnerBoxes(tmp_path, SECRET, _agent(tmp_path), runner_up=False, workspace=tmp_path / "ws")
-    sandbox = define_sandbox("runner-box", boxes)  # type: ignore[arg-type]
-
-    def factory(_start: StartRunRequest) -> RunSpec:
-        return RunSpec(sandbox=sandbox, harness=claude_code("m"), mode="colocated")
-
-    async def scenario() -> tuple[RunRecord | None, list[Event]]:
-        db = open_database(tmp_path / "service.db")
-        runs, log = sqlite_run_backend(db)
-        service = SandboxService(
-            runs,
-            log,
-            locks=SqliteLockStore(db),
-            store=SqliteInstanceStore(db),
-            factory=factory,
-            lease_ttl_ms=1500,
-            runner_secret=SECRET,
-        )
-        try:
-            # The predecessor's record: stored with its input, claimed (epoch 1), then it died.
-            await create_run(runs, RUN, THREAD)
-            stored_input = encode_run_input(STORED_INPUT, limit=1 << 20)
-            await runs.update(RUN, RunPatch(input_messages=stored_input, driver_epoch=1))
-            assert await service.take_over_if_orphaned(RUN)
-            record = await asyncio.wait_for(service.wait_run(RUN), 60)
-            return record, await log.snapshot(RUN)
-        finally:
-            await service.aclose()
-            await boxes.close()
-
-    record, events = asyncio.run(scenario())
+    record, events = asyncio.run(_service_takes_over(tmp_path, boxes, []))
     assert record is not None and record.status == "completed" and record.driver_epoch == 2, record
     assert "agent got: the stored question" in _text(events), events
     assert [e.type for e in events].count("RUN_STARTED") == 1 and events[-1].type == "RUN_FINISHED", events
     assert _starts(tmp_path) == 1 and len(boxes.boxes[0].launches) == 1
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        RunFinishedEvent(thread_id=THREAD, run_id=RUN),
+        RunErrorEvent(message="agent exited with code 3", code="agent_exit"),
+    ],
+    ids=["finished", "failed"],
+)
+def test_a_run_whose_end_is_logged_but_whose_runner_is_gone_keeps_that_end(tmp_path: Path, end: Event) -> None:
+    """The predecessor read the run's end, stored it and shut the runner down, then died before its record:
+    the successor finds no runner, starts none and no agent, appends nothing, and records the logged end."""
+    (tmp_path / "ws").mkdir()
+    logged = [*HOSTS_OWN, TextMessageContentEvent(message_id="m", delta="the runner said this"), end]
+    boxes = RunnerBoxes(tmp_path, SECRET, _agent(tmp_path), runner_up=False, workspace=tmp_path / "ws")
+    record, events = asyncio.run(_service_takes_over(tmp_path, boxes, logged))
+    assert [e.type for e in events] == [e.type for e in logged], events
+    assert record is not None and record.driver_epoch == 2, record
+    if isinstance(end, RunErrorEvent):
+        assert record.status == "failed" and record.error is not None and record.error.message == end.message
+    else:
+        assert record.status == "completed" and record.error is None, record
+    assert _starts(tmp_path) == 0 and all(box.launches == [] for box in boxes.boxes)
