@@ -78,7 +78,7 @@ from .sandbox import ProcessOptions, SandboxHandle, SpawnHandle
 from .scrub import EventScrubber, mask_then_tail
 from .secrets import SecretScope, process_secret_values, redact, resolve_all_secrets, run_bridge_token
 from .shell import quote
-from .stores.base import LockStore, SandboxInstanceStore
+from .stores.base import DEFAULT_LEASE_TTL_MS, LockStore, SandboxInstanceStore
 from .tool_bridge import BridgeRegistration, HostToolBridge, start_host_tool_bridge
 from .tool_bridge.tools import Tool, as_tools
 from .watcher import FileEvent, WorkspaceWatcher, file_event_chunk, parse_listing
@@ -232,6 +232,7 @@ async def run_agent(
     signal: AbortSignal | None = None,
     store: SandboxInstanceStore | None = None,
     locks: LockStore | None = None,
+    lock_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
     tenant: Tenant | None = None,
     session_id: str | None = None,
     cwd: str = "/workspace",
@@ -261,6 +262,9 @@ async def run_agent(
     Durability is one opt-in: ``durability`` without ``journal`` raises ``HalfDurableRunError``
     (journal alone is a journaled agent that ends with its sandbox), and a journaled run needs
     the caller's ``run_id`` (``DurableRunIdRequiredError``). Both raise on the first step.
+    ``lock_ttl_ms``: the lease of the sandbox's lock while ``ensure`` holds it (renewed meanwhile):
+    how long a host that dies creating the sandbox keeps the next one out (``SandboxService`` passes
+    its run lease).
     ``file_hooks``: this run's file-event hooks, called after the sandbox's (``boxwright.file_hooks``).
     ``deadline``: seconds the whole run may take; past it the agent is stopped as by a cancel and the
     run ends with one ``RUN_ERROR`` coded ``deadline_exceeded`` (an agent that retries an unreachable
@@ -298,6 +302,7 @@ async def run_agent(
         tenant=tenant,
         signal=signal,
         adapter_name=harness.name,
+        lock_ttl_ms=lock_ttl_ms,
     )
     # This run's own secret values (its bridge token, the harness's credentials): masked in its
     # events, and in logs while it runs; released when it ends.

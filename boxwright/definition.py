@@ -20,6 +20,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from ._faults import fault_point
 from .abort import AbortSignal
 from .errors import EpochFencedError
 from .file_hooks import FileHook
@@ -34,7 +35,14 @@ from .sandbox import (
     SandboxProvider,
 )
 from .secrets import resolve_all_secrets
-from .stores.base import InstanceRecord, LockStore, SandboxInstanceStore, hold_lock, warn_if_not_durable
+from .stores.base import (
+    DEFAULT_LEASE_TTL_MS,
+    InstanceRecord,
+    LockStore,
+    SandboxInstanceStore,
+    hold_lock,
+    warn_if_not_durable,
+)
 from .stores.memory import MemoryInstanceStore, MemoryLockStore
 from .workspace import BootstrapResult, Workspace, bootstrap, stable_hash, workspace_hash
 
@@ -95,6 +103,9 @@ class EnsureContext:
     tenant: Tenant | None = None
     signal: AbortSignal | None = None
     adapter_name: str | None = None
+    # The sandbox lock's lease (renewed while held): how long a host that died inside ``ensure`` keeps
+    # others out of the sandbox. A service passes its run lease, so a successor waits that out, not more.
+    lock_ttl_ms: int = DEFAULT_LEASE_TTL_MS
 
 
 @dataclass
@@ -191,7 +202,7 @@ class SandboxDefinition:
         store, locks = _stores(ctx)
         key = self.instance_key(ctx)
 
-        async with hold_lock(locks, f"sandbox:{key}"):
+        async with hold_lock(locks, f"sandbox:{key}", ttl_ms=ctx.lock_ttl_ms):
             stored = await store.get(key)
             record = self._if_fresh(stored)
             if record is not None:
@@ -204,6 +215,7 @@ class SandboxDefinition:
                     return restored
             if locks.durable:
                 await self._destroy_unrecorded(key, stored)
+            fault_point("sandbox.create")  # a host dying here holds the lock until its lease runs out
             return await self._create(store, key, ctx)
 
     async def ensure_existing(self, ctx: EnsureContext) -> EnsureResult | None:
@@ -211,7 +223,7 @@ class SandboxDefinition:
         store, locks = _stores(ctx)
         key = self.instance_key(ctx)
 
-        async with hold_lock(locks, f"sandbox:{key}"):
+        async with hold_lock(locks, f"sandbox:{key}", ttl_ms=ctx.lock_ttl_ms):
             record = await self._fresh_record(store, key)
             return None if record is None else await self._resume(store, record, ctx)
 

@@ -500,6 +500,7 @@ class SandboxService:
             signal=abort.signal,
             store=self._store,
             locks=self._locks,
+            lock_ttl_ms=self.lease_ttl_ms,
             session_id=session_id,
             journal=JournalOptions(cleanup=cleanup) if durable else None,
             durability=durability,
@@ -799,7 +800,12 @@ class SandboxService:
             stop = AbortSignal.any([signal, entry.abort.signal])
             durability = RecordDurability(self.runs, rid, claim_of=lambda: driver.held_claim(rid))
             sandbox_ctx = EnsureContext(
-                thread_id=tid, run_id=rid, store=self._store, locks=locks, adapter_name=spec.harness.name
+                thread_id=tid,
+                run_id=rid,
+                store=self._store,
+                locks=locks,
+                adapter_name=spec.harness.name,
+                lock_ttl_ms=self.lease_ttl_ms,
             )
             events = run_agent(
                 spec.sandbox,
@@ -813,6 +819,7 @@ class SandboxService:
                 signal=stop,
                 store=self._store,
                 locks=locks,
+                lock_ttl_ms=self.lease_ttl_ms,
                 # The stored log also tells the successor's watcher which file events it holds.
                 journal=JournalOptions(attach=True, runs=self.runs, cleanup=cleanup, logged=stored, fresh=fresh),
                 durability=durability,
@@ -1302,7 +1309,7 @@ async def _end_stopped_sandbox(
     try:
         if not await durability.holds_run():
             return  # superseded: the sandbox is the successor's
-        async with hold_lock(locks, f"sandbox:{sandbox.instance_key(ctx)}"):
+        async with hold_lock(locks, f"sandbox:{sandbox.instance_key(ctx)}", ttl_ms=ctx.lock_ttl_ms):
             await sandbox.destroy(ctx)
     except Exception as exc:
         log.warning(

@@ -423,3 +423,27 @@ def test_a_driver_killed_after_the_exit_sentinel_is_taken_over_from_the_journal(
         assert log_closed(db, run_id)
         # B records the end, then removes the journal: on a loaded machine the removal comes a moment later.
         wait_for("B to remove its journal", lambda: journal_files(run_id, Path(f"{base}.state")) == [], 30)
+
+
+def test_a_host_killed_inside_sandbox_creation_holds_the_sandbox_lock_for_its_run_lease_only(tmp_path: Path) -> None:
+    """A dies holding the sandbox's lock, right before the provider's create: that lock's lease is the
+    service's run lease (1.5 s here), not the lock store's 30 s default, so B's takeover re-enters the
+    sandbox as soon as it may drive the run, and finishes it once."""
+    db, base = tmp_path / "runs.db", tmp_path / "sb"
+    run_id = f"kill-create-{tmp_path.name[-12:]}"
+    a = Replica("a", db, base, AGENT, lease_ms=REPLICA_LEASE_MS, env={"BOXWRIGHT_FAULT": "sandbox.create:kill"})
+    with replicas(a, Replica("b", db, base, AGENT, lease_ms=REPLICA_LEASE_MS)) as (a, b):
+        assert a.post("/runs", {"prompt": "go", "threadId": f"t-{run_id}", "runId": run_id}).status_code == 202
+        a.proc.wait(timeout=60)
+        died_ms = now_ms()
+        assert "boxwright fault: sandbox.create" in a.stderr(), a.stderr()
+        with contextlib.closing(sqlite3.connect(db, timeout=10)) as conn:
+            leases = conn.execute("SELECT expires_at FROM lock_leases WHERE key LIKE 'sandbox:%'").fetchall()
+        assert len(leases) == 1, leases
+        # A's last renewal set the expiry at most one lease past its death (a 30 s lease would be far past).
+        assert leases[0][0] - died_ms <= REPLICA_LEASE_MS, (leases, died_ms)
+        _tail(b, run_id)
+        final = wait_for("B's end", lambda: _terminal(db, run_id), 60)
+        failures = f"B: {b.stderr()}"
+        assert final["status"] == "completed" and final["driver_epoch"] == 2, (final, failures)
+        assert stored_deltas(db, run_id) == EXPECTED, failures
