@@ -13,8 +13,9 @@ NDJSON from byte 0. A ``/run`` of a run id the runner already has starts nothing
 attach does (a successor that found no run to attach to posts the run itself, and its
 predecessor's ``/run`` may have landed meanwhile). ``POST /shutdown`` stops the runner once no run
 is going (the host that read a run's end sends it, so the container's port is free for the next
-run). ``/health`` says ``attach: true``; ``GET /runs/{id}`` says whether a run's agent ended
-(``done``, ``ended``).
+run): refused (409) while a run has not written its end, else accepted at once, and the runner
+stops when the runs' clean-up is done, starting no new run meanwhile (503). ``/health`` says
+``attach: true``; ``GET /runs/{id}`` says whether a run's agent ended (``done``, ``ended``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import contextlib
 import hmac
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -49,9 +50,6 @@ NDJSON = "application/x-ndjson"
 _MAX_BODY = 4 << 20
 # Past any file the runner writes; a larger one made ``seek`` raise mid-response (a cut stream, a traceback).
 _MAX_OFFSET = 1 << 53
-# How long ``/shutdown`` waits for runs whose terminal line is written to finish their clean-up (the
-# host reads that line and asks at once; the run's sandbox teardown is still going).
-SHUTDOWN_WAIT_S = 10.0
 
 
 async def _bounded_body(request: Request) -> bytes | None:
@@ -88,10 +86,22 @@ class _Run:
 
 
 class RunnerState:
-    def __init__(self, token: str, directory: str) -> None:
+    def __init__(self, token: str, directory: str, on_shutdown: Callable[[], None] | None = None) -> None:
         self.token = token.encode()
         self.directory = directory
         self.runs: dict[str, _Run] = {}
+        self._on_shutdown = on_shutdown
+        self.stopping = False  # ``/shutdown`` was accepted: no new run, and the runner stops once all are done
+        self._stopped = False
+
+    def stop_when_idle(self) -> None:
+        """After an accepted ``/shutdown``, and as each run's clean-up ends: stop once every run is done."""
+        if not self.stopping or self._stopped or any(not run.done for run in self.runs.values()):
+            return
+        self._stopped = True
+        if self._on_shutdown is not None:
+            # Soon, not now: uvicorn finishes the responses in flight (the 202 among them) before it exits.
+            asyncio.get_running_loop().call_soon(self._on_shutdown)
 
     def authorized(self, request: Request) -> bool:
         given = request.headers.get("authorization", "").encode()
@@ -108,7 +118,9 @@ def _claude_code(harness: str, model: str, env: Mapping[str, str]) -> Any:
     return claude_code(model, env={"HOME": env.get("HOME", "/tmp")})
 
 
-async def _execute(request: ContainerRunRequest, run: _Run, resolve_adapter: ResolveAdapter) -> None:
+async def _execute(
+    request: ContainerRunRequest, run: _Run, resolve_adapter: ResolveAdapter, state: RunnerState
+) -> None:
     from ..agent import run_agent
     from ..definition import define_sandbox
     from ..providers import local_process_sandbox
@@ -157,16 +169,7 @@ async def _execute(request: ContainerRunRequest, run: _Run, resolve_adapter: Res
             run.done = True
             async with run.grew:
                 run.grew.notify_all()
-
-
-async def _ended_runs_done(runs: Iterable[_Run], timeout: float) -> None:
-    """Wait (at most ``timeout`` s in all) for each run that wrote its terminal line to be done."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            for run in [r for r in runs if r.ended is not None]:
-                async with run.grew:
-                    while not run.done:
-                        await run.grew.wait()
+            state.stop_when_idle()
 
 
 async def _tail(run: _Run, offset: int) -> AsyncIterator[bytes]:
@@ -205,7 +208,7 @@ def create_runner_app(
     """
     if not token:
         raise ValueError("the runner needs a non-empty bearer token (the host writes it to the runner's stdin)")
-    state = RunnerState(token, directory or tempfile.mkdtemp(prefix="boxwright-runner-"))
+    state = RunnerState(token, directory or tempfile.mkdtemp(prefix="boxwright-runner-"), on_shutdown)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"ok": True, "attach": True, "version": _version()})
@@ -227,6 +230,8 @@ def create_runner_app(
                 status_code=400,
             )
         run = state.runs.get(parsed.run_id)
+        if run is None and state.stopping:
+            return PlainTextResponse("the runner is shutting down", status_code=503)
         if run is None:
             from ..journal import encode_run_id
 
@@ -236,7 +241,7 @@ def create_runner_app(
             )
             open(run.path, "wb").close()
             state.runs[parsed.run_id] = run
-            run.task = asyncio.ensure_future(_execute(parsed, run, resolve_adapter))
+            run.task = asyncio.ensure_future(_execute(parsed, run, resolve_adapter, state))
         else:
             # A second /run of one run starts nothing: it reads the run from byte 0, as an attach does, and
             # its host (a successor that found no run to attach to as its predecessor's /run still landed)
@@ -302,13 +307,14 @@ def create_runner_app(
     async def shutdown(request: Request) -> Response:
         if not state.authorized(request):
             return PlainTextResponse("missing or wrong runner token", status_code=401)
-        await _ended_runs_done(list(state.runs.values()), SHUTDOWN_WAIT_S)
-        going = [run_id for run_id, run in state.runs.items() if not run.done]
+        # A run whose terminal line is written is over for its host, which reads that line and asks at
+        # once, while the run's own clean-up (its sandbox's teardown) still runs: accepted, and the
+        # runner stops when that is done. Refusing it left the runner up until something killed it.
+        going = [run_id for run_id, run in state.runs.items() if run.ended is None and not run.done]
         if going:
             return PlainTextResponse(f"runs still going: {', '.join(going)[:200]}", status_code=409)
-        if on_shutdown is not None:
-            # After this response is sent: uvicorn finishes in-flight responses before it exits.
-            asyncio.get_running_loop().call_soon(on_shutdown)
+        state.stopping = True
+        state.stop_when_idle()
         return Response(status_code=202)
 
     async def not_found(request: Request) -> Response:

@@ -57,7 +57,7 @@ async def _serve(tmp: Path, command: str) -> tuple[Any, list[float]]:
 def test_a_shutdown_sent_on_reading_the_runs_end_stops_the_runner_after_its_cleanup(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
 
-    async def scenario() -> tuple[int, list[float], float]:
+    async def scenario() -> tuple[int, dict[str, Any], int, dict[str, Any], list[float], float]:
         server, stops = await _serve(tmp_path, LINGERING)
         headers = {"Authorization": f"Bearer {TOKEN}"}
         try:
@@ -69,15 +69,24 @@ def test_a_shutdown_sent_on_reading_the_runs_end_stops_the_runner_after_its_clea
                             break  # the host stops reading here and asks the runner to stop
                 read_end = time.monotonic()
                 shutdown = await http.post("/shutdown", headers=headers)
-                status = (await http.get("/runs/r-1", headers=headers)).json()
-                assert status["done"] is True and status["ended"] == "RUN_FINISHED", status
-                return shutdown.status_code, stops, read_end
+                # The run's clean-up is still going (its lingering child has the kill grace): no new run now.
+                during = (await http.get("/runs/r-1", headers=headers)).json()
+                refused = await http.post("/run", json=_body("r-new", tmp_path / "ws"), headers=headers)
+                for _ in range(300):  # bounded: the clean-up takes the 2 s kill grace
+                    if stops:
+                        break
+                    await asyncio.sleep(0.05)
+                after = (await http.get("/runs/r-1", headers=headers)).json()
+                return shutdown.status_code, during, refused.status_code, after, stops, read_end
         finally:
             await server.close()
 
-    code, stops, read_end = asyncio.run(scenario())
+    code, during, refused, after, stops, read_end = asyncio.run(scenario())
     assert code == 202, "the runner refused to stop after its only run ended"
-    assert len(stops) == 1 and stops[0] >= read_end
+    assert during["ended"] == "RUN_FINISHED" and during["done"] is False, during
+    assert refused == 503, "a runner that accepted its shutdown started a new run"
+    assert len(stops) == 1 and stops[0] >= read_end, "the runner never stopped"
+    assert after["done"] is True, after
 
 
 def test_a_shutdown_while_a_run_is_going_is_refused_and_the_run_goes_on(tmp_path: Path) -> None:
