@@ -121,3 +121,13 @@ async def wait_unless_aborted(work: Awaitable[object], signal: AbortSignal) -> N
     except TimeoutError:
         if not signal.aborted:
             raise  # not our scope's: the work itself timed out
+
+
+async def sleep_unless_aborted(seconds: float, signal: AbortSignal | None) -> None:
+    """Sleep ``seconds``, or until ``signal`` aborts (quietly): a poll's pause that a stop cuts short."""
+    if seconds <= 0:
+        return
+    if signal is None:
+        await asyncio.sleep(seconds)
+        return
+    await wait_unless_aborted(asyncio.sleep(seconds), signal)

@@ -34,7 +34,7 @@ import msgspec
 
 from ._json import MAX_AGENT_LINE_BYTES, decode_json
 from ._pull import Ended, Failed, Puller
-from .abort import AbortSignal, wait_unless_aborted
+from .abort import AbortSignal, sleep_unless_aborted
 from .errors import (
     AbortError,
     AgentProcessExitError,
@@ -546,15 +546,6 @@ class _AbortWatch:
         self.future.cancel()
 
 
-async def _abortable_sleep(seconds: float, signal: AbortSignal | None) -> None:
-    if seconds <= 0:
-        return
-    if signal is None:
-        await asyncio.sleep(seconds)
-        return
-    await wait_unless_aborted(asyncio.sleep(seconds), signal)
-
-
 class _Watch:
     """The two timers a reader keeps: the first-byte bound and the "is the file still there" probe."""
 
@@ -729,7 +720,7 @@ async def _poll(
         if watch.probe_due() and await watch.journal_gone(handle, paths):
             return
         wake = watch.next_wake(interval)
-        await _abortable_sleep(interval if wake is None else wake, signal)
+        await sleep_unless_aborted(interval if wake is None else wake, signal)
 
 
 async def _read_framed(handle: SandboxHandle, command: str) -> bytes:
@@ -940,7 +931,7 @@ async def await_attachable_journal(
                 f"the run record says {_describe_record(record)}, but its journal ({paths.journal}) {probe} "
                 f"within {round(wait_ms)}ms",
             )
-        await _abortable_sleep(min(interval, remaining), signal)
+        await sleep_unless_aborted(min(interval, remaining), signal)
         if signal is not None and signal.aborted:
             return
         exists = await _journal_exists(handle, paths, run_id)

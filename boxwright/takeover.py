@@ -20,7 +20,7 @@ from typing import Any, Final, TypeVar, overload
 import msgspec
 
 from ._faults import fault_point
-from .abort import AbortController, AbortSignal
+from .abort import AbortController, AbortSignal, sleep_unless_aborted
 from .errors import (
     BoxwrightError,
     EpochFencedError,
@@ -363,6 +363,7 @@ async def await_log_quiescence(
     *,
     probes: int = DEFAULT_QUIESCENCE_PROBES,
     since: QuietSince | None = None,
+    signal: AbortSignal | None = None,
 ) -> str:
     """Wait until ``run_id``'s log stops growing: the same tail twice, ``quiet_ms`` apart (R52).
 
@@ -376,6 +377,10 @@ async def await_log_quiescence(
     means not one append in between, however long ago the first was read. A successor takes it
     before it waits for the dead driver's lease, so the lease wait and the window overlap
     instead of adding up; a log that moved meanwhile gets a whole window from its new tail.
+
+    ``signal`` (the run stopped: a cancel, a failure, the claim lost) ends the wait at once with
+    the tail as it is: a stopped run appends only its closing error, and that append is fenced at
+    the successor's epoch like every other, so a predecessor still writing cannot interleave with it.
     """
     quiet_s = max(quiet_ms, 0) / 1000
     if since is None:
@@ -384,7 +389,9 @@ async def await_log_quiescence(
         previous, started = since
     for _ in range(probes):
         fault_point("takeover.quiet-window")
-        await asyncio.sleep(max(started + quiet_s - time.monotonic(), 0))
+        await sleep_unless_aborted(max(started + quiet_s - time.monotonic(), 0), signal)
+        if signal is not None and signal.aborted:
+            return await log.tail(run_id)
         started = time.monotonic()
         current = await log.tail(run_id)
         if current == previous:
@@ -656,17 +663,20 @@ class SandboxRunDriver:
         claim: RunClaim | None = None,
         after_terminal: Callable[[RunRecord], Awaitable[object]] | None = None,
         quiet_since: QuietSince | None = None,
+        stop: AbortSignal | None = None,
     ) -> RunRecord:
         """Drive ``stream`` under ``claim`` (default: the one held on ``run_id``); see ``pipe_claimed``.
 
         First the log must have been quiet for ``fence_quiet_ms``, counted from ``quiet_since``
-        (``log_quiet_since``, taken before the claim) when given (see ``await_log_quiescence``)."""
+        (``log_quiet_since``, taken before the claim) when given (see ``await_log_quiescence``); the
+        claim's signal, or ``stop`` (the caller's own stop of the run), ends that wait early."""
         claim = claim if claim is not None else self.held_claim(run_id)
         if claim is None or claim.run_id != run_id:
             await _close_quietly(stream)
             raise RunDriverPipeOutsideClaimError(run_id)
         try:
-            await await_log_quiescence(self.log, run_id, self.fence_quiet_ms, since=quiet_since)
+            stopped = claim.run_signal if stop is None else AbortSignal.any([claim.run_signal, stop])
+            await await_log_quiescence(self.log, run_id, self.fence_quiet_ms, since=quiet_since, signal=stopped)
         except BaseException:
             await _close_quietly(stream)
             raise
@@ -681,8 +691,10 @@ class SandboxRunDriver:
             after_terminal=after_terminal,
         )
 
-    async def resume(self, run_id: str) -> bool:
+    async def resume(self, run_id: str, *, stop: AbortSignal | None = None) -> bool:
         """The resume driver (R58): claim ``run_id`` and drive it on; ``True`` iff it was driven. Never raises.
+
+        ``stop``: the caller's own stop of the run (its drive sees it too), which ends the quiet window early.
 
         No run id, an unreadable store or status, no record, a terminal record, or a
         recorded cancel drive nothing. Inside the claim ``detached_since`` is cleared
@@ -732,6 +744,7 @@ class SandboxRunDriver:
                     claim=claim,
                     after_terminal=self.after_terminal,
                     quiet_since=quiet_since,
+                    stop=stop,
                 )
         except (RunClaimNotAcquiredError, RunClaimLostError) as exc:
             _log(logger, logging.DEBUG, "resume of run %r: not driven: %s", run_id, exc)

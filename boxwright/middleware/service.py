@@ -843,7 +843,7 @@ class SandboxService:
 
         async def adopt() -> bool:
             try:
-                return await driver.resume(run_id)
+                return await driver.resume(run_id, stop=entry.abort.signal)
             finally:
                 # A claim taken and lost (its lease, mid-drive or before the first append): _forget adopts again.
                 claim = driver.last_claim(run_id)

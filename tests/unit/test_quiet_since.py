@@ -11,6 +11,7 @@ import asyncio
 import time
 
 from boxwright import events as ev
+from boxwright.abort import AbortController
 from boxwright.runs import format_offset
 from boxwright.stores.memory import memory_run_backend
 from boxwright.takeover import await_log_quiescence, log_quiet_since
@@ -50,5 +51,24 @@ def test_an_append_after_the_read_costs_a_whole_window_from_the_new_tail() -> No
         started = time.monotonic()
         assert await await_log_quiescence(log, "r", WINDOW_MS, since=since) == format_offset("r", 1)
         assert time.monotonic() - started >= WINDOW_MS / 1000
+
+    asyncio.run(main())
+
+
+def test_a_stop_ends_the_quiet_window_with_the_tail_as_it_is() -> None:
+    """A run stopped while its successor waits (a cancel, a watchdog failure) ends the window at once: a
+    10-minute window returns within the bound below, and one aborted before it began does not wait at all."""
+
+    async def main() -> None:
+        runs, log = memory_run_backend()
+        await runs.create_or_resume("r", "t")
+        await log.append("r", [_text(1)])
+        stop = AbortController()
+        asyncio.get_running_loop().call_later(0.05, stop.abort, "cancelled")
+        waited = await_log_quiescence(log, "r", 600_000, signal=stop.signal)
+        assert await asyncio.wait_for(waited, 30) == format_offset("r", 1)
+        await log.append("r", [_text(2)])
+        waited = await_log_quiescence(log, "r", 600_000, signal=stop.signal)
+        assert await asyncio.wait_for(waited, 30) == format_offset("r", 2)
 
     asyncio.run(main())
