@@ -40,11 +40,17 @@ from boxwright.tool_bridge import tool
 from boxwright.tool_bridge.asgi import serve_asgi
 from boxwright.workspace import define_workspace
 from tests.fixtures.fake_model import FakeModelServer, Step, Text, ToolCall
-from tests.support.docker import RUNNER_IMAGE, bridge_address, image_problem, repo_setup
+from tests.support.docker import (
+    RUNNER_IMAGE,
+    RUNNER_SECRET,
+    bridge_address,
+    model_env_in_container,
+    repo_setup,
+    require_image,
+)
 from tests.support.require import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
-SECRET = "cloud-colocated-runner-secret-" + secrets.token_hex(8)
 ANSWER = "Your todos: write the spec, ship it."
 SCRIPT: list[Step] = [ToolCall("mcp__boxwright__get_todos", {"status": "open"}), Text(ANSWER)]
 
@@ -117,8 +123,7 @@ def _provider(name: str, fake: Any) -> Any:
 @pytest.fixture(params=["e2b", "daytona", "railway"])
 def cloud(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
     name = str(request.param)
-    if (problem := image_problem(RUNNER_IMAGE)) is not None:
-        missing(problem)
+    require_image(RUNNER_IMAGE)
     sdk = {"e2b": "e2b", "daytona": "daytona", "railway": "websockets"}[name]
     if importlib_missing(sdk):
         missing(f"the {name} provider's client library ({sdk}) is not installed: pip install -e '.[dev]'")
@@ -169,7 +174,6 @@ def test_a_durable_colocated_claude_run_completes_on_the_cloud_fake_with_a_host_
 
     model = FakeModelServer({"cloud": SCRIPT}, host=bridge_address())
     model.start()
-    port = model.base_url.rsplit(":", 1)[1]
     sandbox = define_sandbox(
         f"{cloud.name}-colocated",
         cloud.provider,
@@ -180,7 +184,7 @@ def test_a_durable_colocated_claude_run_completes_on_the_cloud_fake_with_a_host_
     harness = claude_code("claude-sonnet-4-5", env={"CLAUDE_CODE_MAX_RETRIES": "0"})
     run_id, thread_id = f"r-{cloud.name}-{secrets.token_hex(4)}", f"t-{cloud.name}"
     # The agent's env (from the host's, the harness's prefixes only): the model on the host gateway.
-    env = {"ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}", "ANTHROPIC_API_KEY": "sk-test"}
+    env = model_env_in_container(model.base_url)
 
     async def main() -> tuple[Any, list[Event]]:
         origin: list[str] = []
@@ -198,7 +202,7 @@ def test_a_durable_colocated_claude_run_completes_on_the_cloud_fake_with_a_host_
                     log,
                     locks=MemoryLockStore(),
                     store=MemoryInstanceStore(),
-                    runner_secret=SECRET,
+                    runner_secret=RUNNER_SECRET,
                     tool_exec=registry,
                 ) as service:
                     await service.start_run(
@@ -243,6 +247,6 @@ def test_a_durable_colocated_claude_run_completes_on_the_cloud_fake_with_a_host_
         cloud.edge.tunnels
     )
     wire = b"".join(encode_event(e) for e in events)
-    for value in (b"Bearer", b"sk-test", SECRET.encode()):
+    for value in (b"Bearer", b"sk-test", RUNNER_SECRET.encode()):
         assert value not in wire, value
     assert cloud.live_sandboxes() == [], "destroy_on_complete left the sandbox in the fake"

@@ -21,7 +21,6 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,50 +33,39 @@ from tests.support.chaos_replicas import (
     LEASE_MS,
     PROMPT,
     ROUND_TIMEOUT_S,
-    SCRIPT,
     Frame,
     ModuleBudget,
     Pair,
     after,
+    budget_bound,
     frame_events,
     kill_round,
+    model,
+    redis,
     stored_events,
     stored_record,
     tail,
 )
 from tests.support.coordinator import trigger
 from tests.support.redis_server import RedisServer, redis_server
-from tests.support.require import agent_cli
+
+__all__ = ["model", "redis"]
 
 BUDGET = ModuleBudget(900.0)
+_bound = budget_bound(BUDGET)
 
 
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _module_bound() -> Iterator[None]:
-    # The module's bound: a case that starts after it is spent fails instead of growing the CI time.
-    BUDGET.check()
-    yield
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[FakeModelServer]:
-    agent_cli("claude")
-    with FakeModelServer({"chaos": SCRIPT}) as server:
-        yield server
+@pytest.fixture
+def env(tmp_path: Path, model: FakeModelServer) -> dict[str, str]:
+    """A replica's env: its ``claude`` talks to the fake model, with a home of the case's own."""
+    (tmp_path / "home").mkdir()
+    return {"BWT_MODEL_URL": model.base_url, "BWT_CLAUDE_HOME": str(tmp_path / "home")}
 
 
 @pytest.mark.timeout(ROUND_TIMEOUT_S * len(KILL_POINTS))
 def test_host_driven_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
-    tmp_path: Path, redis: RedisServer, model: FakeModelServer
+    tmp_path: Path, redis: RedisServer, env: dict[str, str]
 ) -> None:
-    (tmp_path / "home").mkdir()
-    env = {"BWT_MODEL_URL": model.base_url, "BWT_CLAUDE_HOME": str(tmp_path / "home")}
     store = redis.url(prefix=redis.fresh_prefix())
     pair = Pair(tmp_path, store, env)
     epochs: dict[str, int] = {}
@@ -98,10 +86,8 @@ def test_host_driven_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
 # wait and starts the agent from the input stored with the record, at its own epoch.
 @pytest.mark.timeout(ROUND_TIMEOUT_S)
 def test_a_run_whose_replica_died_right_after_the_trigger_completes_through_b(
-    tmp_path: Path, redis: RedisServer, model: FakeModelServer
+    tmp_path: Path, redis: RedisServer, env: dict[str, str]
 ) -> None:
-    (tmp_path / "home").mkdir()
-    env = {"BWT_MODEL_URL": model.base_url, "BWT_CLAUDE_HOME": str(tmp_path / "home")}
     pair = Pair(tmp_path, redis.url(prefix=redis.fresh_prefix()), env)
     try:
         with BUDGET.timed("host-driven at-trigger"):
@@ -112,14 +98,12 @@ def test_a_run_whose_replica_died_right_after_the_trigger_completes_through_b(
 
 
 @pytest.mark.timeout(ROUND_TIMEOUT_S)
-def test_a_redis_restart_mid_run_loses_no_event_a_client_was_given(tmp_path: Path, model: FakeModelServer) -> None:
+def test_a_redis_restart_mid_run_loses_no_event_a_client_was_given(tmp_path: Path, env: dict[str, str]) -> None:
     """SIGKILL + restart of the redis-server mid-run: every event a client was given is still stored, at its offset
     and with its fingerprint, once each; a client reconnecting through B with its offset reads on without a gap.
 
     Whether the run still completes is not asserted: today a driver whose store went away mid-run cannot record its
     detach and destroys the sandbox (boxwright.definition), so the run can end failed or stay orphaned (reported)."""
-    (tmp_path / "home").mkdir()
-    env = {"BWT_MODEL_URL": model.base_url, "BWT_CLAUDE_HOME": str(tmp_path / "home")}
     with redis_server() as server, BUDGET.timed("redis restart"):
         store = server.url(prefix="restart:")
         pair = Pair(tmp_path, store, env)
@@ -154,5 +138,4 @@ def test_a_redis_restart_mid_run_loses_no_event_a_client_was_given(tmp_path: Pat
 
 
 def test_zz_report_durations() -> None:
-    print(f"\nchaos rounds: {len(BUDGET.durations)}, {BUDGET.total:.1f} s in all")
-    assert BUDGET.total < BUDGET.seconds
+    BUDGET.report("chaos")

@@ -18,66 +18,36 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.fake_model import FakeModelServer
 from tests.support.chaos_replicas import (
-    CASE_LABEL,
     KILL_POINTS,
     ROUND_TIMEOUT_S,
-    SCRIPT,
     KillPoint,
     ModuleBudget,
     Pair,
+    bridge_model,
+    budget_bound,
     kill_round,
+    redis,
 )
-from tests.support.docker import (
-    RUNNER_IMAGE,
-    TEST_LABEL,
-    bridge_address,
-    image_problem,
-    labelled_containers,
-    no_leaked_containers,
-)
-from tests.support.redis_server import RedisServer, redis_server
+from tests.support.docker import CASE_LABEL, colocated_replica_env, labelled_containers, no_leaked_containers
+from tests.support.redis_server import RedisServer
 from tests.support.replicas import wait_for
-from tests.support.require import agent_cli, missing
 
 # The rounds' replicas keep an after-setup snapshot per thread: removed after the module.
 pytestmark = pytest.mark.usefixtures("no_leaked_containers")
-__all__ = ["no_leaked_containers"]
+__all__ = ["bridge_model", "no_leaked_containers", "redis"]
 
 # at-trigger plus every point of the host-driven rounds: ten.
 COLOCATED_KILL_POINTS: list[tuple[str, KillPoint | None]] = [("at-trigger", None), *KILL_POINTS]
 # A round is ~15-25 s on two loaded cores; a round whose B never completes the run stops at its tail's bound.
 TAIL_S = 90.0
 BUDGET = ModuleBudget(600.0)
-
-
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _module_bound() -> Iterator[None]:
-    # A case that starts once the module's budget is spent fails instead of growing the CI time.
-    BUDGET.check()
-    yield
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[FakeModelServer]:
-    agent_cli("claude")
-    if (problem := image_problem(RUNNER_IMAGE)) is not None:
-        missing(problem)
-    # On the Docker bridge: the agents in the runner's containers reach it there.
-    with FakeModelServer({"chaos": SCRIPT}, host=bridge_address()) as server:
-        yield server
+_bound = budget_bound(BUDGET)
 
 
 def _no_container_left(rnd_name: str, case: str) -> None:
@@ -95,18 +65,10 @@ def _no_container_left(rnd_name: str, case: str) -> None:
 
 @pytest.mark.timeout(ROUND_TIMEOUT_S * len(COLOCATED_KILL_POINTS))
 def test_colocated_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
-    tmp_path: Path, redis: RedisServer, model: FakeModelServer
+    tmp_path: Path, redis: RedisServer, bridge_model: FakeModelServer
 ) -> None:
     case = f"chaos-{secrets.token_hex(4)}"
-    port = model.base_url.rsplit(":", 1)[1]
-    env = {
-        "BWT_RUNNER_IMAGE": RUNNER_IMAGE,
-        "BWT_DOCKER_LABELS": f"{TEST_LABEL}=1,{CASE_LABEL}={case}",
-        "BOXWRIGHT_RUNNER_SECRET": "chaos-test-runner-secret-" + secrets.token_hex(8),
-        "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}",
-        "ANTHROPIC_API_KEY": "sk-test",
-        "CLAUDE_CODE_MAX_RETRIES": "0",
-    }
+    env = colocated_replica_env(bridge_model.base_url, case)
     pair = Pair(tmp_path, redis.url(prefix=redis.fresh_prefix()), env)
     epochs: dict[str, int] = {}
     try:
@@ -130,5 +92,4 @@ def test_colocated_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
 
 
 def test_zz_report_durations() -> None:
-    print(f"\nco-located chaos rounds: {len(BUDGET.durations)}, {BUDGET.total:.1f} s in all")
-    assert BUDGET.total < BUDGET.seconds
+    BUDGET.report("co-located chaos")

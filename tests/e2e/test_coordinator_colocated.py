@@ -23,18 +23,17 @@ import pytest
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
 from tests.support.coordinator import CoordinatorProcess, coordinators, sse_events, started_together, trigger
 from tests.support.docker import (
-    RUNNER_IMAGE,
-    TEST_LABEL,
+    CASE_LABEL,
     bridge_address,
-    image_problem,
+    colocated_replica_env,
     labelled_containers,
     remove_images,
+    runner_image,
     snapshots_of,
 )
 from tests.support.replicas import free_port, record_row, wait_for
-from tests.support.require import missing
 
-CASE_LABEL = "boxwright.test.case"
+__all__ = ["runner_image"]
 INTRO = "Recording first, then waiting."
 # Long enough that the agent is still in it when A is gone.
 WAIT = "sleep 3; echo waited"
@@ -47,9 +46,7 @@ SCRIPT = [
 
 
 @pytest.fixture
-def model() -> Iterator[FakeModelServer]:
-    if (problem := image_problem(RUNNER_IMAGE)) is not None:
-        missing(problem)
+def model(runner_image: str) -> Iterator[FakeModelServer]:
     # On the Docker bridge: the agent in the container reaches it there.
     with FakeModelServer({"colo": SCRIPT}, host=bridge_address()) as server:
         yield server
@@ -91,15 +88,7 @@ def test_colocated_host_tools_cross_back_through_tool_exec_and_a_takeover_repoin
     tmp_path: Path, model: FakeModelServer
 ) -> None:
     case = f"colo-{secrets.token_hex(4)}"
-    port = model.base_url.rsplit(":", 1)[1]
-    env = {
-        "BWT_RUNNER_IMAGE": RUNNER_IMAGE,
-        "BWT_DOCKER_LABELS": f"{TEST_LABEL}=1,{CASE_LABEL}={case}",
-        "BOXWRIGHT_RUNNER_SECRET": "colocated-test-runner-secret-" + secrets.token_hex(8),
-        "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}",
-        "ANTHROPIC_API_KEY": "sk-test",
-        "CLAUDE_CODE_MAX_RETRIES": "0",
-    }
+    env = colocated_replica_env(model.base_url, case)
     db = tmp_path / "coordinator.db"
     thread, run = f"t-{secrets.token_hex(4)}", f"r-colo-{secrets.token_hex(4)}"
     boxes: list[str] = []

@@ -24,25 +24,19 @@ from boxwright.workspace import define_workspace
 from tests.fixtures.fake_model import FakeModelServer, Sleep, Text, ToolCall
 from tests.support.docker import (
     RUNNER_IMAGE,
+    RUNNER_SECRET,
     TEST_LABEL,
     bridge_address,
-    image_problem,
     labelled_containers,
+    model_env_in_container,
     no_leaked_containers,
     repo_setup,
+    runner_image,
 )
-from tests.support.require import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
-__all__ = ["no_leaked_containers"]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers", "runner_image")]
+__all__ = ["no_leaked_containers", "runner_image"]
 EDIT = "sed -i 's/hello/hello from claude/' README.md"
-SECRET = "the-replicas-shared-runner-secret"
-
-
-@pytest.fixture(autouse=True)
-def _image() -> None:
-    if (problem := image_problem(RUNNER_IMAGE)) is not None:
-        missing(problem)
 
 
 def test_colocated_real_claude_edits_and_calls_a_host_tool() -> None:
@@ -68,7 +62,6 @@ def test_colocated_real_claude_edits_and_calls_a_host_tool() -> None:
         host=bridge_address(),
     )
     model.start()
-    port = model.base_url.rsplit(":", 1)[1]
     sandbox = define_sandbox(
         "docker-colocated",
         docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}),
@@ -88,7 +81,7 @@ def test_colocated_real_claude_edits_and_calls_a_host_tool() -> None:
                 run_id="r-colocated",
                 tools=[get_todos],
                 store=MemoryInstanceStore(),
-                host_env={"ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}", "ANTHROPIC_API_KEY": "sk-test"},
+                host_env=model_env_in_container(model.base_url),
                 mode="colocated",
             )
         ]
@@ -182,18 +175,13 @@ def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
     # The Sleep keeps the run going while the probe asks mid-run.
     model = FakeModelServer({"hi": [Sleep(2.0), Text("Hello from the container.")]}, host=bridge_address())
     model.start()
-    port = model.base_url.rsplit(":", 1)[1]
 
     async def main() -> tuple[bytes, bytes]:
         handle = await docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}).create()
         try:
             host = await handle.address()
-            token = runner_token(SECRET, handle.id)
-            env = {
-                "ANTHROPIC_API_KEY": "sk-test",
-                "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}",
-                "CLAUDE_CODE_MAX_RETRIES": "0",
-            }
+            token = runner_token(RUNNER_SECRET, handle.id)
+            env = {**model_env_in_container(model.base_url), "CLAUDE_CODE_MAX_RETRIES": "0"}
             runner = await spawn_runner(handle, token, host=host, port=8080, env=env)
             base, auth = f"http://{host}:8080", {"Authorization": f"Bearer {token}"}
             body = {
@@ -218,13 +206,13 @@ def test_runner_ndjson_is_re_read_from_byte_0_after_a_disconnect() -> None:
                     assert response.status_code == 200
                     first = await response.aiter_lines().__anext__()  # then hang up mid-run
                 # A reaper's probe asks the runner, read-only: going on, then ended.
-                assert await probe_colocated_run_exit(handle, "r-reread", runner_secret=SECRET) == Producing()
+                assert await probe_colocated_run_exit(handle, "r-reread", runner_secret=RUNNER_SECRET) == Producing()
                 full = b""
                 async with client.stream("GET", f"{base}/runs/r-reread/events?offset=0", headers=auth) as again:
                     async for chunk in again.aiter_bytes():
                         full += chunk
-                assert await probe_colocated_run_exit(handle, "r-reread", runner_secret=SECRET) == Finished(0)
-                unknown = await probe_colocated_run_exit(handle, "nope", runner_secret=SECRET)
+                assert await probe_colocated_run_exit(handle, "r-reread", runner_secret=RUNNER_SECRET) == Finished(0)
+                unknown = await probe_colocated_run_exit(handle, "nope", runner_secret=RUNNER_SECRET)
                 assert isinstance(unknown, Unknown) and "404" in str(unknown.error)
                 foreign = await probe_colocated_run_exit(handle, "r-reread", runner_secret="another secret")
                 assert isinstance(foreign, Unknown) and "401" in str(foreign.error)

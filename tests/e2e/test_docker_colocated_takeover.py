@@ -38,45 +38,38 @@ from boxwright.harnesses.base import Message
 from boxwright.runner.launch import spawn_runner
 from boxwright.scrub import EventScrubber
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
-from tests.support.colocated_app import CASE_LABEL
 from tests.support.docker import (
+    CASE_LABEL,
     RUNNER_IMAGE,
+    RUNNER_SECRET,
     TEST_LABEL,
     bridge_address,
-    image_problem,
     labelled_containers,
+    model_env_in_container,
     no_leaked_containers,
     remove_images,
+    runner_image,
     snapshots_of,
 )
 from tests.support.replicas import ROOT, free_port, record_row, stored_events, wait_for
-from tests.support.require import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
-__all__ = ["no_leaked_containers"]
-SECRET = "test-replicas-shared-runner-secret"
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers", "runner_image")]
+__all__ = ["no_leaked_containers", "runner_image"]
 INTRO = "I will change the greeting in the readme first, then read the todos."
 # The Bash call the host dies in: long enough that the agent is still in it when the host is gone.
 EDIT = "sed -i 's/hello/hello from claude/' README.md && sleep 3"
 
 
-@pytest.fixture(autouse=True)
-def _image() -> None:
-    if (problem := image_problem(RUNNER_IMAGE)) is not None:
-        missing(problem)
-
-
 @contextlib.contextmanager
 def host(
-    name: str, tmp: Path, db: Path, calls: Path, model_port: str, case: str
+    name: str, tmp: Path, db: Path, calls: Path, model_url: str, case: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """One app host process (tests.support.colocated_app) on a free port; killed on exit."""
     port = free_port()
     env = {
         **os.environ,
-        "BOXWRIGHT_RUNNER_SECRET": SECRET,
-        "ANTHROPIC_BASE_URL": f"http://host.docker.internal:{model_port}",
-        "ANTHROPIC_API_KEY": "sk-test",
+        "BOXWRIGHT_RUNNER_SECRET": RUNNER_SECRET,
+        **model_env_in_container(model_url),
         "CLAUDE_CODE_MAX_RETRIES": "0",
     }
     argv = [sys.executable, "-m", "tests.support.colocated_app", "--db", str(db), "--port", str(port)]
@@ -122,11 +115,10 @@ def test_a_successor_host_attaches_to_the_runner_after_a_sigkill_mid_tool_call(t
         host=bridge_address(),
     )
     model.start()
-    model_port = model.base_url.rsplit(":", 1)[1]
     db, calls, run_id = tmp_path / "hosts.db", tmp_path / "calls.log", f"r-co-{uuid.uuid4().hex[:12]}"
     containers: list[str] = []
     try:
-        with host("host-a", tmp_path, db, calls, model_port, run_id) as (a_url, a_proc):
+        with host("host-a", tmp_path, db, calls, model.base_url, run_id) as (a_url, a_proc):
             body = {"prompt": "[[script:takeover]] edit README.md, then read my todos", "threadId": "t-co"}
             started = httpx.post(f"{a_url}/runs", json={**body, "runId": run_id}, timeout=30)
             assert started.status_code == 202, started.text
@@ -153,7 +145,7 @@ def test_a_successor_host_attaches_to_the_runner_after_a_sigkill_mid_tool_call(t
         assert not any(isinstance(e, RunFinishedEvent) for e in before)
         stored_text = "".join(e.delta for e in before if isinstance(e, TextMessageContentEvent))
         assert stored_text == INTRO, "host A stored the text before the call it died in"
-        with host("host-b", tmp_path, db, calls, model_port, run_id) as (b_url, _b_proc):
+        with host("host-b", tmp_path, db, calls, model.base_url, run_id) as (b_url, _b_proc):
             status = tail_to_status(b_url, run_id, timeout=180)
             taken_over_in = time.monotonic() - killed_at
             requests = model.model_requests()
@@ -222,11 +214,11 @@ def test_runner_attach_refuses_a_wrong_token_and_an_unknown_run(monkeypatch: pyt
             host = await handle.address()
             # No runner answers in the box: a successor says the run cannot be re-attached, and why.
             with pytest.raises(ColocatedRunError, match="driver lost; runner cannot re-attach: ConnectError"):
-                await drive(handle, attach=True, runner_secret=SECRET)
+                await drive(handle, attach=True, runner_secret=RUNNER_SECRET)
             # A durable run whose token no other host could derive is refused before anything starts.
             with pytest.raises(ColocatedRunError, match=r"needs a runner secret .* set \$BOXWRIGHT_RUNNER_SECRET"):
                 await drive(handle)
-            token = runner_token(SECRET, handle.id)
+            token = runner_token(RUNNER_SECRET, handle.id)
             runner = await spawn_runner(handle, token, host=host, port=8080)
             base = f"http://{host}:8080"
             async with httpx.AsyncClient(timeout=10.0) as client:
@@ -241,7 +233,7 @@ def test_runner_attach_refuses_a_wrong_token_and_an_unknown_run(monkeypatch: pyt
                 assert wrong.status_code == 401 and "token" in wrong.text
                 bare = await client.post(f"{base}/runs/r1/attach", json=move)
                 assert bare.status_code == 401
-                other = runner_token(SECRET, "another-container")
+                other = runner_token(RUNNER_SECRET, "another-container")
                 assert other != token, "the token is per container"
                 foreign = await client.post(f"{base}/run", json={}, headers={"Authorization": f"Bearer {other}"})
                 assert foreign.status_code == 401

@@ -6,6 +6,10 @@ B with the last offset it got; ``check_exactly_once`` then holds the client's tw
 whole stored log (offsets, fingerprints, the run's shape) and its completed status. ``Pair`` keeps
 two live replicas, starting the killed one's replacement in a thread while the round goes on.
 ``ModuleBudget`` bounds a module's rounds (each also has its own timeout) and reports their time.
+
+The modules' fixtures live here too, each module importing the ones it uses: ``redis`` (the module's
+own redis-server), ``model`` (the fake model on the host's loopback, for host-driven rounds) or
+``bridge_model`` (on the Docker bridge, for co-located rounds), and ``budget_bound(BUDGET)``.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from boxwright.events import chunk_fingerprint, decode_event
 from boxwright.runs import RunRecord
 from boxwright.stores.open import open_store
-from tests.fixtures.fake_model import Text, ToolCall
+from tests.fixtures.fake_model import FakeModelServer, Step, Text, ToolCall
 from tests.support.coordinator import CoordinatorProcess, trigger
+from tests.support.docker import RUNNER_IMAGE, bridge_address, require_image
+from tests.support.redis_server import RedisServer, redis_server
+from tests.support.require import agent_cli
 
 # Renewed every second: a replica whose loop stalls under the load of CI (two cores, claude starting) keeps it.
 LEASE_MS = 3000
@@ -35,10 +43,9 @@ INTRO = "Let me wait for the tool first."
 FINAL = "Waited, and all done now."
 # The Bash call is long enough that a kill after its start lands while the agent is in it.
 TOOL = "sleep 1.5; echo tool-done"
-SCRIPT = [ToolCall("Bash", {"command": TOOL, "description": "wait a little"}, text=INTRO), Text(FINAL)]
+SCRIPT: list[Step] = [ToolCall("Bash", {"command": TOOL, "description": "wait a little"}, text=INTRO), Text(FINAL)]
 PROMPT = "[[script:chaos]] wait for the tool, then finish"
 ROUND_TIMEOUT_S = 150.0
-CASE_LABEL = "boxwright.test.case"
 
 Frame = tuple[str | None, str | None, str]
 KillPoint = Callable[[list[str]], bool]
@@ -209,6 +216,45 @@ class ModuleBudget:
     @property
     def total(self) -> float:
         return sum(seconds for _, seconds in self.durations)
+
+    def report(self, what: str) -> None:
+        """Print the rounds' time; the module's last case, so a module that ran past its budget fails."""
+        print(f"\n{what} rounds: {len(self.durations)}, {self.total:.1f} s in all")
+        assert self.total < self.seconds
+
+
+def budget_bound(budget: ModuleBudget) -> Any:
+    """The autouse fixture a module binds to a name of its own (``_bound = budget_bound(BUDGET)``): a case that
+    starts once the module's budget is spent fails instead of growing the CI time."""
+
+    @pytest.fixture(autouse=True)
+    def _module_bound() -> Iterator[None]:
+        budget.check()
+        yield
+
+    return _module_bound
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[FakeModelServer]:
+    agent_cli("claude")
+    with FakeModelServer({"chaos": SCRIPT}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def bridge_model() -> Iterator[FakeModelServer]:
+    agent_cli("claude")
+    require_image(RUNNER_IMAGE)
+    # On the Docker bridge: the agents in the runner's containers reach it there.
+    with FakeModelServer({"chaos": SCRIPT}, host=bridge_address()) as server:
+        yield server
 
 
 class Pair:

@@ -5,8 +5,8 @@
 Every host started over the same SQLite file shares runs, records, logs, locks and sandbox records. Its run
 factory gives the real ``claude`` in the runner image (Docker, co-located) and one host tool, ``get_todos``,
 which appends ``NAME status`` to FILE and answers ``served by NAME``: a test sees which host served a call.
-Its containers carry the labels ``L=1`` and ``boxwright.test.case=C`` (a test finds its own). The runner
-secret comes from ``$BOXWRIGHT_RUNNER_SECRET`` and the model endpoint from ``$ANTHROPIC_*``.
+Its containers carry the labels ``L=1`` and ``CASE_LABEL=C`` (tests/support/docker.py; a test finds its own).
+The runner secret comes from ``$BOXWRIGHT_RUNNER_SECRET`` and the model endpoint from ``$ANTHROPIC_*``.
 Prints ``listening <port>`` once it serves on 127.0.0.1.
 """
 
@@ -29,9 +29,7 @@ from boxwright.providers.docker import docker_sandbox
 from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
 from boxwright.tool_bridge import tool
 from boxwright.workspace import define_workspace
-from tests.support.docker import repo_setup
-
-CASE_LABEL = "boxwright.test.case"
+from tests.support.docker import CASE_LABEL, repo_setup
 
 
 async def main() -> None:

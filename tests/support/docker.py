@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from boxwright.testkit import ProviderSuiteConfig, RecordingLogger
+from tests.support.require import missing
 
 BASE_IMAGE = os.environ.get("BOXWRIGHT_BASE_IMAGE", "boxwright-base:bookworm")
 RUNNER_IMAGE = os.environ.get("BOXWRIGHT_RUNNER_IMAGE", "boxwright-runner:latest")
@@ -24,6 +26,12 @@ TEST_LABEL = "boxwright.test"
 # provider's BOXWRIGHT_DOCKER_LABELS, which subprocesses inherit), so the session-end leak check sees
 # its own session's leftovers and never those of another session running beside it.
 SESSION_LABEL = "boxwright.test-session"
+# A test's own label value (``CASE_LABEL=<case>``) beside TEST_LABEL: it finds, waits for and removes only its
+# own containers, never those of a test running beside it in the same session.
+CASE_LABEL = "boxwright.test.case"
+# The runner secret the hosts of a co-located test share: each derives the same per-container runner token from
+# it, so a successor host can attach to the runner its dead predecessor started.
+RUNNER_SECRET = "test-runner-secret-" + secrets.token_hex(8)
 
 
 @functools.cache
@@ -51,6 +59,44 @@ def image_problem(image: str) -> str | None:
     if run.returncode != 0:
         return f"image {image!r} is not built; {BUILD_HELP}"
     return None
+
+
+def require_image(image: str) -> str:
+    """``image``, once the engine has it; else the test is skipped (failed where integration is required)."""
+    if (problem := image_problem(image)) is not None:
+        missing(problem)
+    return image
+
+
+@pytest.fixture(scope="module")
+def base_image() -> str:
+    """The base image, once the engine has it (a module's ``usefixtures``, or a test takes its name from it)."""
+    return require_image(BASE_IMAGE)
+
+
+@pytest.fixture(scope="module")
+def runner_image() -> str:
+    """The runner image, once the engine has it (a module's ``usefixtures``, or a test takes its name from it)."""
+    return require_image(RUNNER_IMAGE)
+
+
+def model_env_in_container(model_url: str) -> dict[str, str]:
+    """The env that points a ``claude`` in a container at the fake model ``model_url`` (served on the Docker
+    bridge, see ``bridge_address``): the container reaches the host's bridge address as host.docker.internal."""
+    port = model_url.rsplit(":", 1)[1]
+    return {"ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}", "ANTHROPIC_API_KEY": "sk-test"}
+
+
+def colocated_replica_env(model_url: str, case: str) -> dict[str, str]:
+    """The env of a ``boxwright serve`` replica (tests/support/coordinator.py) whose ``docker`` profile runs the
+    runner image, its containers labelled with ``case``; every replica given it shares the runner secret."""
+    return {
+        "BWT_RUNNER_IMAGE": RUNNER_IMAGE,
+        "BWT_DOCKER_LABELS": f"{TEST_LABEL}=1,{CASE_LABEL}={case}",
+        "BOXWRIGHT_RUNNER_SECRET": RUNNER_SECRET,
+        **model_env_in_container(model_url),
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+    }
 
 
 def docker_config(image: str = BASE_IMAGE, **extra: Any) -> ProviderSuiteConfig:
