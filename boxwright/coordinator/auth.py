@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from boxwright.middleware.delivery import json_response
+from boxwright.middleware.delivery import DeliveryRefusal, json_response, refuse_handshake
 from boxwright.runs import RunStore
 
 log = logging.getLogger("boxwright.middleware")
@@ -199,16 +199,19 @@ def _guard_ws(
 
     async def guarded(websocket: WebSocket) -> None:
         scope = _scope_of(websocket, "runs.tail")
-        # Refused before accept: the handshake itself fails (an HTTP 403 to the client).
+        # Refused before accept, as an HTTP answer to the handshake: a close before accept reaches the
+        # client as a bare 403 whatever its code, so a missing token, a missing threadId and another
+        # thread's run would all read as "forbidden".
         if not await _consents(authorize, websocket, "runs.tail", scope):
-            status, _ = _refusal(websocket)
-            await websocket.close(code=4401 if status == 401 else 4403)
+            status, message = _refusal(websocket)
+            await refuse_handshake(websocket, DeliveryRefusal(status, 4000 + status, message, message))
             return
         run_id = websocket.path_params.get("run_id")
         if run_id is not None and require_thread_id:
             refused = await _thread_refusal(websocket, runs, run_id)
             if refused is not None:
-                await websocket.close(code=4400 if refused[0] == 400 else 4404, reason=refused[1])
+                status, message, code = refused
+                await refuse_handshake(websocket, DeliveryRefusal(status, 4000 + status, message, code))
                 return
         await endpoint(websocket)
 

@@ -20,6 +20,7 @@ import uvicorn
 
 from .app import create_coordinator_app
 from .config import CoordinatorConfig
+from .ws_protocol import CoordinatorWebSocketProtocol
 
 CLIENT_TOKEN_ENV: Final = "BOXWRIGHT_CLIENT_TOKEN"
 ADMIN_TOKEN_ENV: Final = "BOXWRIGHT_ADMIN_TOKEN"
@@ -83,6 +84,7 @@ def serve_coordinator(config: CoordinatorConfig, host: str, port: int, *, announ
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ws=CoordinatorWebSocketProtocol,
     )
     if announce is None:
         uvicorn.Server(settings).run()

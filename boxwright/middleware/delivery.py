@@ -93,7 +93,8 @@ def offset_for_last_seq(run_id: str, last_seq: str) -> str:
         seq = int(last_seq)
     except ValueError:
         return f"lastSeq={last_seq}"
-    if seq < -1 or str(seq) != last_seq.strip():
+    # int() also takes outer whitespace, '+1', '1_0' and non-ASCII digits: only the canonical form is a seq.
+    if seq < -1 or str(seq) != last_seq:
         return f"lastSeq={last_seq}"
     # Log seqs count from 1, the coordinator's from 0: event n of the log is lastSeq n-1.
     return START_OFFSET if seq == -1 else format_offset(run_id, seq + 1)
@@ -452,9 +453,13 @@ async def record_view(runs: RunStore, log: EventLog, run_id: str) -> dict[str, A
     return view
 
 
-async def _refuse_before_accept(websocket: WebSocket, refusal: DeliveryRefusal) -> None:
-    # An HTTP answer to the handshake says 404/400 the way an HTTP client reads it; a server without the
-    # ASGI denial-response extension can only accept and close with the code.
+async def refuse_handshake(websocket: WebSocket, refusal: DeliveryRefusal) -> None:
+    """Answer an unaccepted WebSocket's handshake with ``refusal``'s HTTP status and JSON body.
+
+    An HTTP answer says 401/404/400 the way an HTTP client reads it (a close before accept is a bare
+    403 whatever its code); a server without the ASGI denial-response extension can only accept and
+    close with the code.
+    """
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
         await websocket.send_denial_response(refusal.response())
     else:
@@ -495,7 +500,7 @@ async def websocket_tail(
             await check_tail_request(log, runs, run_id, offset)
         except DeliveryRefusal as refusal:
             with contextlib.suppress(Exception):
-                await _refuse_before_accept(websocket, refusal)
+                await refuse_handshake(websocket, refusal)
             return
     await websocket.accept()
     try:
@@ -553,6 +558,7 @@ __all__ = [
     "json_response",
     "long_poll_response",
     "record_view",
+    "refuse_handshake",
     "request_offset",
     "seq_of_offset",
     "sse_response",
