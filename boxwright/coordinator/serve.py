@@ -20,7 +20,29 @@ import uvicorn
 
 from .app import create_coordinator_app
 from .config import CoordinatorConfig
-from .ws_protocol import CoordinatorWebSocketProtocol
+
+# The uvicorn whose WebSocket internals ``ws_protocol`` was built and attacked against: it subclasses
+# them, and an older uvicorn lacks what it overrides (backpressure on writes came in 0.53, its ping hook later).
+_HARDENED_FROM_UVICORN: Final = (0, 54)
+
+log = logging.getLogger("boxwright.serve")
+
+
+def _ws_protocol() -> Any:
+    """The WebSocket protocol class for uvicorn: the hardened one, or uvicorn's own where that does not fit."""
+    parts = uvicorn.__version__.split(".")[:2]
+    found = tuple(int(p) for p in parts if p.isdigit())
+    if found < _HARDENED_FROM_UVICORN:
+        log.warning(
+            "uvicorn %s: the WebSocket hardening of boxwright serve needs uvicorn >= %s; running uvicorn's own",
+            uvicorn.__version__,
+            ".".join(map(str, _HARDENED_FROM_UVICORN)),
+        )
+        return "auto"
+    from .ws_protocol import CoordinatorWebSocketProtocol
+
+    return CoordinatorWebSocketProtocol
+
 
 CLIENT_TOKEN_ENV: Final = "BOXWRIGHT_CLIENT_TOKEN"
 ADMIN_TOKEN_ENV: Final = "BOXWRIGHT_ADMIN_TOKEN"
@@ -84,7 +106,7 @@ def serve_coordinator(config: CoordinatorConfig, host: str, port: int, *, announ
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        ws=CoordinatorWebSocketProtocol,
+        ws=_ws_protocol(),
     )
     if announce is None:
         uvicorn.Server(settings).run()
