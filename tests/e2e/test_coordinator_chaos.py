@@ -33,7 +33,6 @@ from tests.support.chaos_replicas import (
     LEASE_MS,
     PROMPT,
     ROUND_TIMEOUT_S,
-    Frame,
     ModuleBudget,
     Pair,
     after,
@@ -48,6 +47,7 @@ from tests.support.chaos_replicas import (
 )
 from tests.support.coordinator import trigger
 from tests.support.redis_server import RedisServer, redis_server
+from tests.support.sse import Frame
 
 __all__ = ["model", "redis"]
 
@@ -68,7 +68,7 @@ def test_host_driven_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
 ) -> None:
     store = redis.url(prefix=redis.fresh_prefix())
     pair = Pair(tmp_path, store, env)
-    epochs: dict[str, int] = {}
+    epochs: dict[str, int | None] = {}
     try:
         for name, stop in KILL_POINTS:
             with BUDGET.timed(f"host-driven {name}"):

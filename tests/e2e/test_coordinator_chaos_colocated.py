@@ -70,7 +70,7 @@ def test_colocated_runs_survive_a_sigkill_of_their_replica_at_ten_kill_points(
     case = f"chaos-{secrets.token_hex(4)}"
     env = colocated_replica_env(bridge_model.base_url, case)
     pair = Pair(tmp_path, redis.url(prefix=redis.fresh_prefix()), env)
-    epochs: dict[str, int] = {}
+    epochs: dict[str, int | None] = {}
     try:
         for name, stop in COLOCATED_KILL_POINTS:
             with BUDGET.timed(f"co-located {name}"):

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
+from tests.fixtures.fake_model import FakeModelServer, Step, Text, ToolCall
 from tests.support.coordinator import CoordinatorProcess, coordinators, sse_events, started_together, trigger
 from tests.support.docker import (
     CASE_LABEL,
@@ -37,7 +37,7 @@ __all__ = ["runner_image"]
 INTRO = "Recording first, then waiting."
 # Long enough that the agent is still in it when A is gone.
 WAIT = "sleep 3; echo waited"
-SCRIPT = [
+SCRIPT: list[Step] = [
     ToolCall("mcp__boxwright__record_call", {"text": "before"}, text=INTRO),
     ToolCall("Bash", {"command": WAIT, "description": "wait a little"}),
     ToolCall("mcp__boxwright__record_call", {"text": "after"}),

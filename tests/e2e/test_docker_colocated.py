@@ -16,7 +16,6 @@ from boxwright.agent import run_agent
 from boxwright.colocated import probe_colocated_run_exit, runner_token
 from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.events import CustomEvent, Event, ToolCallResultEvent, ToolCallStartEvent, encode_event
-from boxwright.harnesses.claude_code import claude_code
 from boxwright.journal import Finished, Producing, Unknown
 from boxwright.runner.launch import spawn_runner
 from boxwright.stores.memory import MemoryInstanceStore
@@ -27,6 +26,7 @@ from tests.support.docker import (
     RUNNER_SECRET,
     TEST_LABEL,
     bridge_address,
+    claude_in_image,
     labelled_containers,
     model_env_in_container,
     no_leaked_containers,
@@ -68,7 +68,7 @@ def test_colocated_real_claude_edits_and_calls_a_host_tool() -> None:
         define_workspace(setup=repo_setup()),
         lifecycle=Lifecycle(destroy_on_complete=True),
     )
-    harness = claude_code("claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"})
+    harness = claude_in_image()
 
     async def main() -> list[Event]:
         return [

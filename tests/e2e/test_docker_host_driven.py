@@ -14,7 +14,6 @@ import pytest
 from boxwright.agent import run_agent
 from boxwright.definition import Lifecycle, define_sandbox
 from boxwright.events import CustomEvent, Event, ToolCallResultEvent, ToolCallStartEvent, encode_event
-from boxwright.harnesses.claude_code import claude_code
 from boxwright.stores.memory import MemoryInstanceStore
 from boxwright.workspace import define_workspace
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
@@ -22,22 +21,20 @@ from tests.support.docker import (
     RUNNER_IMAGE,
     TEST_LABEL,
     bridge_address,
-    image_problem,
+    claude_in_image,
     labelled_containers,
+    model_env_in_container,
     no_leaked_containers,
     repo_setup,
+    runner_image,
 )
-from tests.support.require import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers")]
-__all__ = ["no_leaked_containers"]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leaked_containers", "runner_image")]
+__all__ = ["no_leaked_containers", "runner_image"]
 EDIT = "sed -i 's/hello/hello from claude/' README.md"
 
 
 def test_real_claude_in_a_container_edits_and_calls_a_host_tool() -> None:
-    problem = image_problem(RUNNER_IMAGE)
-    if problem is not None:
-        missing(problem)
     from boxwright.providers.docker import docker_sandbox
     from boxwright.tool_bridge import tool
 
@@ -60,7 +57,6 @@ def test_real_claude_in_a_container_edits_and_calls_a_host_tool() -> None:
         host=bridge_address(),
     )
     model.start()
-    port = model.base_url.rsplit(":", 1)[1]
     provider = docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"})
     sandbox = define_sandbox(
         "docker-e2e",
@@ -68,7 +64,7 @@ def test_real_claude_in_a_container_edits_and_calls_a_host_tool() -> None:
         define_workspace(setup=repo_setup()),
         lifecycle=Lifecycle(destroy_on_complete=True),
     )
-    harness = claude_code("claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"})
+    harness = claude_in_image()
 
     async def main() -> list[Event]:
         return [
@@ -81,7 +77,7 @@ def test_real_claude_in_a_container_edits_and_calls_a_host_tool() -> None:
                 run_id="r-docker",
                 tools=[get_todos],
                 store=MemoryInstanceStore(),
-                host_env={"ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}", "ANTHROPIC_API_KEY": "sk-test"},
+                host_env=model_env_in_container(model.base_url),
             )
         ]
 

@@ -31,13 +31,12 @@ from boxwright.events import (
 )
 from boxwright.harnesses.base import Message
 from boxwright.harnesses.claude_code import claude_code
-from boxwright.middleware import SandboxService
 from boxwright.middleware.service import RunSpec, StartRunRequest
 from boxwright.run_input import encode_run_input
 from boxwright.runs import RUN_ACCEPTED_EVENT, RunPatch, RunRecord, create_run
 from boxwright.stores.memory import MemoryInstanceStore
-from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
 from tests.support.chaos_runner import RunnerBox, RunnerBoxes
+from tests.support.sqlite_service import sqlite_service
 
 SECRET = "fresh-start-runner-secret-" + "s" * 16
 RUN, THREAD = "r-fresh", "t-fresh"
@@ -63,7 +62,7 @@ async def _take_over(boxes: RunnerBoxes, logged: Sequence[Event], tmp: Path) -> 
     async def stored() -> Sequence[Event]:
         return logged
 
-    sandbox = define_sandbox("runner-box", boxes)  # type: ignore[arg-type]
+    sandbox = define_sandbox("runner-box", boxes)
     workspace = tmp / "ws"
     workspace.mkdir(exist_ok=True)
     try:
@@ -155,7 +154,7 @@ def test_a_runner_that_has_the_run_is_attached_to_and_starts_nothing(tmp_path: P
                         pass  # the predecessor read its run to the end before it died
             return box
 
-        boxes.create = create_and_post  # type: ignore[method-assign]
+        boxes.create = create_and_post  # type: ignore[method-assign,assignment]
         return await _take_over(boxes, HOSTS_OWN, tmp_path)
 
     events = asyncio.run(scenario())
@@ -169,22 +168,13 @@ async def _service_takes_over(
 ) -> tuple[RunRecord | None, list[Event]]:
     """What a predecessor SIGKILLed after its claim leaves (a record at epoch 1 with its stored input,
     ``logged`` in the log), adopted through ``SandboxService.take_over_if_orphaned``: its final record and log."""
-    sandbox = define_sandbox("runner-box", boxes)  # type: ignore[arg-type]
+    sandbox = define_sandbox("runner-box", boxes)
 
     def factory(_start: StartRunRequest) -> RunSpec:
         return RunSpec(sandbox=sandbox, harness=claude_code("m"), mode="colocated")
 
-    db = open_database(tmp / "service.db")
-    runs, log = sqlite_run_backend(db)
-    service = SandboxService(
-        runs,
-        log,
-        locks=SqliteLockStore(db),
-        store=SqliteInstanceStore(db),
-        factory=factory,
-        lease_ttl_ms=1500,
-        runner_secret=SECRET,
-    )
+    service = sqlite_service(tmp / "service.db", factory, lease_ttl_ms=1500, runner_secret=SECRET)
+    runs, log = service.runs, service.log
     try:
         await create_run(runs, RUN, THREAD)
         stored_input = encode_run_input(STORED_INPUT, limit=1 << 20)

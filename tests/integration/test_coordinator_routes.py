@@ -27,6 +27,7 @@ from boxwright.providers import local_process_sandbox
 from boxwright.sandbox import CreateInput, SandboxHandle
 from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
 from tests.support.coordinator import CLIENT_TOKEN, client_headers, coordinator_server, scripted_agent, trigger
+from tests.support.sse import Frame, aparse_frames
 
 
 class _SlowCreate:
@@ -84,33 +85,18 @@ class Stack:
 
     async def sse(
         self, run_id: str, thread_id: str, headers: dict[str, str] | None = None, limit: int = 0
-    ) -> list[Any]:
+    ) -> list[Frame]:
         """``(event, id, data)`` frames until the status event (or ``limit`` data frames)."""
-        frames: list[Any] = []
-        event = ident = None
-        data: list[str] = []
+        frames: list[Frame] = []
         async with self.http.stream(
             "GET", f"{self.url}/runs/{run_id}/events", params={"threadId": thread_id}, headers=headers, timeout=60
         ) as response:
             assert response.status_code == 200, await response.aread()
-            async for line in response.aiter_lines():
-                if line.startswith(":"):
-                    continue
-                if not line:
-                    if data:
-                        frames.append((event, ident, "\n".join(data)))
-                        if event == "status" or (limit and len(frames) >= limit):
-                            return frames
-                    event = ident = None
-                    data = []
-                    continue
-                key, _, value = line.partition(": ")
-                if key == "event":
-                    event = value
-                elif key == "id":
-                    ident = value
-                elif key == "data":
-                    data.append(value)
+            async with contextlib.aclosing(aparse_frames(response.aiter_lines())) as parsed:
+                async for frame in parsed:
+                    frames.append(frame)
+                    if frame.event == "status" or (limit and len(frames) >= limit):
+                        return frames
         return frames
 
 
@@ -128,8 +114,8 @@ def _run(tmp_path: Path, scenario: Scenario, **overrides: Any) -> None:
         config = CoordinatorConfig(
             sandboxes={
                 "local": define_sandbox("routes", local_process_sandbox(base_dir=base), file_events=False),
-                "slow": define_sandbox("slow", _SlowCreate(base, delay=2.0), file_events=False),  # type: ignore[arg-type]
-                "broken": define_sandbox("broken", _SlowCreate(base, error="no capacity in eu-1"), file_events=False),  # type: ignore[arg-type]
+                "slow": define_sandbox("slow", _SlowCreate(base, delay=2.0), file_events=False),
+                "broken": define_sandbox("broken", _SlowCreate(base, error="no capacity in eu-1"), file_events=False),
             },
             harnesses={
                 "command": CommandHarness(command=agent),
@@ -147,7 +133,7 @@ def _run(tmp_path: Path, scenario: Scenario, **overrides: Any) -> None:
     asyncio.run(main())
 
 
-def _events(frames: list[Any]) -> list[dict[str, Any]]:
+def _events(frames: list[Frame]) -> list[dict[str, Any]]:
     return [json.loads(data) for event, _, data in frames if event is None]
 
 

@@ -24,14 +24,13 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.docker import TEST_LABEL, engine_problem, labelled_containers
+from tests.support.docker import CASE_LABEL, TEST_LABEL, engine_problem, labelled_containers
 from tests.support.redis_server import redis_server
 from tests.support.replicas import ROOT, free_port
 from tests.support.require import missing
 
 COMPOSE = ROOT / "deploy" / "compose.yaml"
 IMAGE = "boxwright-coordinator:latest"
-CASE_LABEL = "boxwright.test.case"
 TOKENS = {
     "BOXWRIGHT_CLIENT_TOKEN": "deploy-test-client-" + secrets.token_hex(12),
     "BOXWRIGHT_ADMIN_TOKEN": "deploy-test-admin-" + secrets.token_hex(12),

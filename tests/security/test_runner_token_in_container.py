@@ -27,13 +27,13 @@ import pytest
 from boxwright.colocated import colocated_drive, runner_token
 from boxwright.events import Event, ToolCallStartEvent
 from boxwright.harnesses.base import Message
-from boxwright.harnesses.claude_code import claude_code
 from boxwright.scrub import EventScrubber
 from tests.fixtures.fake_model import FakeModelServer, Text, ToolCall
 from tests.support.docker import (
     RUNNER_IMAGE,
     TEST_LABEL,
     bridge_address,
+    claude_in_image,
     image_problem,
     no_leaked_containers,
     remove_images,
@@ -91,7 +91,7 @@ def test_an_agent_in_the_container_cannot_read_or_use_the_runner_token() -> None
     )
     model.start()
     port = model.base_url.rsplit(":", 1)[1]
-    harness = claude_code("claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"})
+    harness = claude_in_image()
 
     async def main() -> tuple[str, list[Event], str, str, str]:
         handle = await docker_sandbox(RUNNER_IMAGE, labels={TEST_LABEL: "1"}).create()

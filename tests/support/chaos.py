@@ -31,6 +31,7 @@ from boxwright.journal import journal_files_path, journal_paths
 from boxwright.stores.sqlite import open_database, sqlite_run_backend
 from tests.fixtures import DEFAULT_CLAUDE_BIN
 from tests.fixtures.fake_model import FakeModelServer
+from tests.support.sse import parse_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_BIN = str(Path(DEFAULT_CLAUDE_BIN).parent)
@@ -152,29 +153,13 @@ def sse(
     seen = 0
     with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(timeout, connect=10)) as response:
         assert response.status_code == 200, response.read()
-        msg_id: str | None = None
-        kind, data = "message", list[str]()
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                continue
-            if line == "":
-                if data:
-                    yield Message(msg_id, kind, "\n".join(data))
-                    if kind == "status":
-                        return
-                    seen += 1
-                    if stop_after is not None and seen >= stop_after:
-                        return
-                msg_id, kind, data = None, "message", list[str]()
-                continue
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "id":
-                msg_id = value
-            elif name == "event":
-                kind = value
-            elif name == "data":
-                data.append(value)
+        for frame in parse_frames(response.iter_lines()):
+            yield Message(frame.id, frame.event or "message", frame.data)
+            if frame.event == "status":
+                return
+            seen += 1
+            if stop_after is not None and seen >= stop_after:
+                return
 
 
 # -- the write audit ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from tests.support.coordinator import CoordinatorProcess, trigger
 from tests.support.docker import RUNNER_IMAGE, bridge_address, require_image
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.require import agent_cli
+from tests.support.sse import Frame, SseParser
 
 # Renewed every second: a replica whose loop stalls under the load of CI (two cores, claude starting) keeps it.
 LEASE_MS = 3000
@@ -47,7 +48,6 @@ SCRIPT: list[Step] = [ToolCall("Bash", {"command": TOOL, "description": "wait a 
 PROMPT = "[[script:chaos]] wait for the tool, then finish"
 ROUND_TIMEOUT_S = 150.0
 
-Frame = tuple[str | None, str | None, str]
 KillPoint = Callable[[list[str]], bool]
 
 
@@ -93,9 +93,7 @@ def tail(
     headers = CoordinatorProcess.headers({"Last-Event-ID": last_event_id} if last_event_id else None)
     out: list[Frame] = []
     types: list[str] = []
-    event: str | None = None
-    ident: str | None = None
-    data: list[str] = []
+    parser = SseParser()
     # Pings (every 15 s) keep a read timeout from ever firing on a run nobody drives: bound the whole tail.
     deadline = time.monotonic() + timeout
     with httpx.stream(
@@ -109,27 +107,15 @@ def tail(
         for line in response.iter_lines():
             if time.monotonic() > deadline:
                 raise AssertionError(f"run {run_id}: no end of its tail after {timeout} s ({len(out)} frames)")
-            if line.startswith(":"):
+            if (frame := parser.feed(line)) is None:
                 continue
-            if line:
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "event":
-                    event = value
-                elif name == "id":
-                    ident = value
-                elif name == "data":
-                    data.append(value)
-                continue
-            if data or event:
-                out.append((event, ident, "\n".join(data)))
-                if event == "status":
+            out.append(frame)
+            if frame.event == "status":
+                return out
+            if frame.event is None:
+                types.append(json.loads(frame.data)["type"])
+                if stop is not None and stop(types):
                     return out
-                if event is None:
-                    types.append(json.loads(out[-1][2])["type"])
-                    if stop is not None and stop(types):
-                        return out
-            event, ident, data = None, None, []
     return out
 
 

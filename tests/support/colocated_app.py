@@ -22,14 +22,13 @@ import uvicorn
 from starlette.applications import Starlette
 
 from boxwright.definition import Lifecycle, define_sandbox
-from boxwright.harnesses.claude_code import claude_code
-from boxwright.middleware import SandboxService, sandbox_routes
+from boxwright.middleware import sandbox_routes
 from boxwright.middleware.service import RunSpec, StartRunRequest
 from boxwright.providers.docker import docker_sandbox
-from boxwright.stores.sqlite import SqliteInstanceStore, SqliteLockStore, open_database, sqlite_run_backend
 from boxwright.tool_bridge import tool
 from boxwright.workspace import define_workspace
-from tests.support.docker import CASE_LABEL, repo_setup
+from tests.support.docker import CASE_LABEL, claude_in_image, repo_setup
+from tests.support.sqlite_service import sqlite_service
 
 
 async def main() -> None:
@@ -54,21 +53,13 @@ async def main() -> None:
         define_workspace(setup=repo_setup()),
         lifecycle=Lifecycle(destroy_on_complete=True),
     )
-    harness = claude_code("claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"})
+    harness = claude_in_image()
 
     def factory(_start: StartRunRequest) -> RunSpec:
         return RunSpec(sandbox=sandbox, harness=harness, tools=[get_todos], mode="colocated")
 
-    db = open_database(args.db)
-    runs, log = sqlite_run_backend(db)
-    service = SandboxService(
-        runs,
-        log,
-        locks=SqliteLockStore(db),
-        store=SqliteInstanceStore(db),
-        factory=factory,
-        lease_ttl_ms=args.lease_ms,
-        runner_secret=os.environ["BOXWRIGHT_RUNNER_SECRET"],
+    service = sqlite_service(
+        args.db, factory, lease_ttl_ms=args.lease_ms, runner_secret=os.environ["BOXWRIGHT_RUNNER_SECRET"]
     )
     app = Starlette(routes=sandbox_routes(service))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="off")

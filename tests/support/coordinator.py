@@ -40,6 +40,7 @@ from boxwright.harnesses.command import CommandHarness
 from boxwright.tool_bridge import serve_asgi
 from boxwright.tool_bridge.tools import Tool, ToolContext, define_tool
 from tests.support.replicas import ROOT, free_port
+from tests.support.sse import Frame, parse_frames
 
 CLIENT_TOKEN = "test-client-token-" + "x" * 16
 ADMIN_TOKEN = "test-admin-token-" + "y" * 16
@@ -97,16 +98,14 @@ def test_config() -> CoordinatorConfig:
         # Co-located: the real claude in the runner image drives; the model endpoint comes from $ANTHROPIC_*
         # and the runner token from $BOXWRIGHT_RUNNER_SECRET, which every replica of the test shares.
         from boxwright.definition import Lifecycle
-        from boxwright.harnesses.claude_code import claude_code
         from boxwright.providers.docker import docker_sandbox
+        from tests.support.docker import claude_in_image
 
         labels = dict(item.split("=", 1) for item in env.get("BWT_DOCKER_LABELS", "").split(",") if item)
         box = docker_sandbox(env["BWT_RUNNER_IMAGE"], labels=labels)
         sandboxes["docker"] = define_sandbox("coordinator-docker", box, lifecycle=Lifecycle(destroy_on_complete=True))
         modes["docker"] = "colocated"
-        harnesses["claude-box"] = claude_code(
-            "claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"}
-        )
+        harnesses["claude-box"] = claude_in_image()
     if env.get("BWT_DOCKER_BASE"):
         # Host-driven Docker (the agent command runs in a plain image, BWT_AGENT as its shell line): a
         # sandbox whose destroy is observable from outside (its container is gone), whoever made it.
@@ -268,36 +267,19 @@ def sse_events(
     last_event_id: str | None = None,
     limit: int | None = None,
     timeout: float = 60,
-) -> list[tuple[str | None, str | None, str]]:
+) -> list[Frame]:
     """``(event, id, data)`` of an SSE tail, until the status event (or ``limit`` data events)."""
     headers = CoordinatorProcess.headers({"Last-Event-ID": last_event_id} if last_event_id else None)
-    out: list[tuple[str | None, str | None, str]] = []
-    event: str | None = None
-    ident: str | None = None
-    data: list[str] = []
+    out: list[Frame] = []
     url = f"{base}/runs/{run_id}/events"
     with httpx.stream(
         "GET", url, params={"threadId": thread_id}, headers=headers, timeout=httpx.Timeout(10, read=timeout)
     ) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith(":"):
-                continue
-            if not line:
-                if data or event:
-                    out.append((event, ident, "\n".join(data)))
-                    if event == "status" or (limit is not None and len(out) >= limit):
-                        return out
-                event, ident, data = None, None, []
-                continue
-            field_name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field_name == "event":
-                event = value
-            elif field_name == "id":
-                ident = value
-            elif field_name == "data":
-                data.append(value)
+        for frame in parse_frames(response.iter_lines()):
+            out.append(frame)
+            if frame.event == "status" or (limit is not None and len(out) >= limit):
+                return out
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from boxwright.harnesses.claude_code import claude_code
 from boxwright.testkit import ProviderSuiteConfig, RecordingLogger
 from tests.support.require import missing
 
@@ -85,6 +86,12 @@ def model_env_in_container(model_url: str) -> dict[str, str]:
     bridge, see ``bridge_address``): the container reaches the host's bridge address as host.docker.internal."""
     port = model_url.rsplit(":", 1)[1]
     return {"ANTHROPIC_BASE_URL": f"http://host.docker.internal:{port}", "ANTHROPIC_API_KEY": "sk-test"}
+
+
+def claude_in_image() -> Any:
+    """The real ``claude`` harness the tests run in the runner image: HOME is the image's agent user's home (where
+    claude keeps its state), and no retries, so a failed model request fails the run at once, not after a backoff."""
+    return claude_code("claude-sonnet-4-5", env={"HOME": "/home/agent", "CLAUDE_CODE_MAX_RETRIES": "0"})
 
 
 def colocated_replica_env(model_url: str, case: str) -> dict[str, str]:

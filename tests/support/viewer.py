@@ -24,6 +24,7 @@ from boxwright.events import encode_event
 from boxwright.stores.sqlite import open_database, sqlite_run_backend
 from boxwright.tool_bridge.asgi import AsgiServer, serve_asgi
 from tests.support.require import missing
+from tests.support.sse import aparse_frames
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -50,7 +51,8 @@ class CutEventsOnce:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].endswith("/events") or self.used:
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         self.used = True
         cut = asyncio.Event()
         sent = 0
@@ -198,18 +200,7 @@ class SseFrame:
 
 
 async def sse_frames(response: httpx.Response) -> AsyncIterator[SseFrame]:
-    """A minimal EventSource parser: fields up to a blank line make one frame; comments are skipped."""
-    fields: dict[str, list[str]] = {}
-    async for line in response.aiter_lines():
-        if line == "":
-            if "data" in fields:
-                ids = fields.get("id")
-                yield SseFrame(
-                    ids[-1] if ids else None, fields.get("event", ["message"])[-1], "\n".join(fields["data"])
-                )
-            fields = {}
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        fields.setdefault(name, []).append(value[1:] if value.startswith(" ") else value)
+    """The response's SSE messages (tests/support/sse.py), ``event`` ``"message"`` where a message names none."""
+    async with contextlib.aclosing(aparse_frames(response.aiter_lines())) as frames:
+        async for frame in frames:
+            yield SseFrame(frame.id, frame.event or "message", frame.data)
