@@ -54,6 +54,7 @@ def _collect_earlier_garbage() -> None:
     finally:
         sys.unraisablehook = hook
 
+
 Ending = Literal["normal", "break", "cancel", "error"]
 
 
