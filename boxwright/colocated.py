@@ -68,8 +68,8 @@ from .runs import RUN_ACCEPTED_EVENT
 from .sandbox import SandboxHandle, SpawnHandle
 from .scrub import EventScrubber
 from .secrets import mint_token
-from .tool_bridge.asgi import bind_address_for, host_for_sandbox, serve_asgi
-from .tool_bridge.remote import ToolExecRun, tool_descriptors, tool_exec_app, tool_exec_path
+from .tool_bridge.asgi import bind_address_for, host_for_sandbox
+from .tool_bridge.remote import ToolExecRun, serve_tool_exec, tool_descriptors, tool_exec_path
 from .tool_bridge.tools import Tool
 
 if TYPE_CHECKING:
@@ -361,8 +361,8 @@ async def colocated_drive(
         )
         tool_exec_url, close_endpoint = grant.url, _closer(grant)
     else:
-        exec_server = await serve_asgi(
-            tool_exec_app({run_id: ToolExecRun(tools, token=exec_token, thread_id=thread_id, signal=signal)}),
+        exec_server = await serve_tool_exec(
+            {run_id: ToolExecRun(tools, token=exec_token, thread_id=thread_id, signal=signal)},
             host=bind_address_for(handle.provider),
         )
         tool_exec_url = (

@@ -551,12 +551,22 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def serve_asgi(
-    app: Any, *, host: str = LOOPBACK, port: int = 0, lifespan: str = "off", limits: ServerLimits | None = None
+    app: Any,
+    *,
+    host: str = LOOPBACK,
+    port: int = 0,
+    lifespan: str = "off",
+    limits: ServerLimits | None = None,
+    websockets: bool = True,
 ) -> AsgiServer:
     """Serve ``app`` with uvicorn inside the running loop; returns once it accepts connections.
 
     ``limits`` (``guard.ServerLimits``, defaults unless given) bounds how long a client may take to
     send a request, how long it may idle between requests, and how many connections it may hold.
+    ``websockets=False``: an upgrade request is an HTTP request like any other, under those limits.
+    For a listener the sandbox reaches (the tool bridge, tool-exec): an upgrade leaves the HTTP
+    guard's deadlines behind, and one whose head is too large to parse was answered by nothing and
+    held open for good, so an agent could fill the listener's connection cap and cut off every run.
     """
     limits = limits if limits is not None else ServerLimits()
     sock = _listen(host, port)
@@ -566,6 +576,7 @@ async def serve_asgi(
         app,
         http=guarded_protocol(limits),
         timeout_keep_alive=keep_alive,
+        ws="auto" if websockets else "none",
         ws_max_size=limits.ws_max_message_bytes,
         lifespan=lifespan,  # type: ignore[arg-type]
         log_level="warning",
@@ -690,6 +701,7 @@ async def start_host_tool_bridge(
     bind = host if host is not None else (bind_address_for(provider) if provider is not None else LOOPBACK)
     limits = limits if limits is not None else ServerLimits()
     app = ToolBridgeApp(max_body_bytes=max_body_bytes, max_requests_per_run=limits.max_requests_per_run)
-    server = await serve_asgi(app, host=bind, port=port, limits=limits)
+    # MCP over HTTP only: nothing here speaks WebSocket, and the sandbox must not be able to open one.
+    server = await serve_asgi(app, host=bind, port=port, limits=limits, websockets=False)
     app.base_url = (public_url or f"http://{_format_host(connect_host or bind)}:{server.port}").rstrip("/")
     return HostToolBridge(app, server)

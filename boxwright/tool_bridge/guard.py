@@ -155,6 +155,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_message_complete()
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # A listener serving no WebSocket answers an upgrade request as plain HTTP, as it should; uvicorn
+        # would log two WARNINGs for each, which a client in the sandbox could send without end.
+        if self._should_upgrade_to_ws():
+            super()._unsupported_upgrade_warning()  # an upgrade to something else on a WebSocket listener
+
     def handle_websocket_upgrade(self) -> None:
         # The WebSocket protocol takes the transport over, with its own ping timeout.
         self._disarm()

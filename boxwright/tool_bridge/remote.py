@@ -32,6 +32,8 @@ from ..ids import check_run_id, check_thread_id
 from .asgi import (
     _BRIDGE_ERROR,
     DEFAULT_MAX_BODY_BYTES,
+    LOOPBACK,
+    AsgiServer,
     Receive,
     Scope,
     Send,
@@ -42,6 +44,7 @@ from .asgi import (
     _respond_fixed,
     read_gated_body,
     refuse_bad_run_id,
+    serve_asgi,
 )
 from .guard import DEFAULT_MAX_REQUESTS_PER_RUN, RUN_BUSY, RunSlots
 from .tools import (
@@ -236,6 +239,20 @@ def tool_exec_path(run_id: str) -> str:
 
 def _json(status: int, value: Any) -> tuple[int, bytes]:
     return status, msgspec.json.encode(value)
+
+
+async def serve_tool_exec(
+    tools_for_run: Callable[[str], ToolExecRun | None] | Mapping[str, ToolExecRun],
+    *,
+    host: str = LOOPBACK,
+    port: int = 0,
+) -> AsgiServer:
+    """``tool_exec_app(tools_for_run)`` on a listener of its own, for a sandbox to call back.
+
+    HTTP only: the sandbox reaches it, and a WebSocket upgrade would leave the HTTP guard's
+    deadlines behind (``serve_asgi(websockets=False)``).
+    """
+    return await serve_asgi(tool_exec_app(tools_for_run), host=host, port=port, websockets=False)
 
 
 def tool_exec_app(

@@ -1,7 +1,7 @@
 """Slow, idle, half-open and too many connections to the servers boxwright starts (issue 9, point 6).
 
 Real sockets to real listeners under uvicorn on 127.0.0.1 (``start_host_tool_bridge``, and
-``serve_asgi`` for tool-exec), with the shipped ``ServerLimits`` defaults: a stalled client is
+``serve_tool_exec`` for tool-exec), with the shipped ``ServerLimits`` defaults: a stalled client is
 closed within seconds of its deadline, a connection over a cap gets a 503 at once, and the same
 listener answers a normal ``tools/call`` right after.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -24,10 +25,9 @@ import pytest
 from boxwright.tool_bridge import (
     ServerLimits,
     ToolExecRun,
-    serve_asgi,
+    serve_tool_exec,
     start_host_tool_bridge,
     tool,
-    tool_exec_app,
     tool_exec_path,
 )
 from tests.support.streams import streams_server
@@ -96,8 +96,7 @@ async def bridge_listener() -> AsyncIterator[Listener]:
 @contextlib.asynccontextmanager
 async def tool_exec_listener() -> AsyncIterator[Listener]:
     token = secrets.token_hex(24)
-    app = tool_exec_app({"r1": ToolExecRun(tools=[echo], token=token)})
-    async with await serve_asgi(app) as server:
+    async with await serve_tool_exec({"r1": ToolExecRun(tools=[echo], token=token)}) as server:
         yield Listener(
             server.host, server.port, tool_exec_path("r1"), token, b'{"name":"echo","args":{"text":"hello"}}'
         )
@@ -346,3 +345,46 @@ def test_one_run_token_cannot_hold_more_than_its_requests_in_flight() -> None:
                 assert again.status_code == 200
 
     asyncio.run(main())
+
+
+# -- WebSocket upgrades on listeners that serve none ---------------------------------------------
+
+
+def _upgrade_head(listener: Listener, padding: int) -> bytes:
+    """A WebSocket handshake to ``listener``'s path with ``padding`` bytes of header (past websockets' 8 KiB
+    line limit, the handshake cannot be parsed: uvicorn then answered nothing and held the socket open)."""
+    return (
+        f"GET {listener.path} HTTP/1.1\r\nhost: {listener.host}:{listener.port}\r\n"
+        "upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        f"sec-websocket-version: 13\r\nx-pad: {'a' * padding}\r\n\r\n"
+    ).encode()
+
+
+@pytest.mark.parametrize("kind", list(LISTENERS))
+def test_websocket_upgrades_cannot_hold_the_listeners_connections(kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The agent reaches these listeners: its upgrade requests, plain or unparseable, are answered as HTTP
+    (no 101) and end, so a connection cap's worth of them (and more) leaves the listener serving every run,
+    and none writes to the host's log."""
+
+    async def main() -> None:
+        async with LISTENERS[kind]() as listener:
+            for padding in (16, 9000):
+                reader, writer = await open_raw(listener)
+                writer.write(_upgrade_head(listener, padding))
+                answer = await asyncio.wait_for(reader.read(200), 10)
+                writer.close()
+                assert answer.startswith(b"HTTP/1.1 4"), (padding, answer)
+            # More unparseable handshakes than the cap, all sent before any is answered.
+            opened = [await open_raw(listener) for _ in range(LIMITS.max_connections + 20)]
+            for _reader, writer in opened:
+                writer.write(_upgrade_head(listener, 9000))
+            answers = await asyncio.gather(*(asyncio.wait_for(r.read(200), 30) for r, _ in opened))
+            for _reader, writer in opened:
+                writer.close()
+            assert not any(a.startswith(b"HTTP/1.1 101") for a in answers)
+            assert all(a.startswith(b"HTTP/1.1 ") for a in answers), [a[:40] for a in answers if not a][:3]
+            await listener.normal_call()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(main())
+    assert "upgrade" not in caplog.text.lower(), caplog.text[-500:]
