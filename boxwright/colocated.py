@@ -25,9 +25,9 @@ idempotent per run id, so a predecessor's request that still landed starts no se
 the runner did produce recorded events for but no longer has (its container was replaced) fails:
 its agent's work is gone.
 A drive that stops without the run's end (a detach, a lost claim) leaves the runner running; the
-host that reads the end shuts the runner down (``POST /shutdown``, which the runner answers once the
-run's clean-up is done). A host killed between that and the terminal record leaves a successor no
-runner, and a log that already ends: the stored end stands, and the record says it.
+host that reads the end shuts the runner down (``POST /shutdown``: accepted at once, and the runner
+stops when the run's clean-up is done). A host killed between that and the terminal record leaves a
+successor no runner, and a log that already ends: the stored end stands, and the record says it.
 
 The runner token is derived, never stored: ``runner_token(secret, sandbox id)`` is an HMAC-SHA256
 of the sandbox (container) id under a secret every host entitled to the run shares

@@ -877,6 +877,8 @@ async def pipe_to_run_log(
       write returns a record rebuilt locally. With ``epoch``, a driver found superseded (by the
       log or the record) stops at once: no RUN_ERROR, no status, no close, since the successor
       owns the run; it returns the stored record.
+    - A resumed log that already ends with RUN_FINISHED or RUN_ERROR (its driver died before the
+      record said so) keeps that end: the status comes from it, and nothing more is appended.
     - ``after_terminal(record)`` runs after a terminal status was written (never when it was
       suppressed or failed), e.g. to remove the run's journal; its error is logged.
     - Cancelling the calling task finishes the run ``aborted`` (shielded), then re-raises.
